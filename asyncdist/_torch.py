@@ -1,0 +1,51 @@
+"""The one place asyncdist imports torch.
+
+torch is optional: ``import asyncdist`` must work, and NumPy arrays must
+travel, on a machine without it. Every other module reaches torch through
+:func:`torch_or_none`, so there is exactly one import to find, to fake in a
+test, and to keep lazy.
+
+Invariants:
+
+* Importing this module never imports torch; only :func:`torch_or_none` does,
+  on its first call.
+* :func:`is_torch_tensor` never imports torch. A torch tensor cannot exist
+  unless torch was imported already, so when ``sys.modules`` has no torch the
+  answer is ``False`` without paying torch's import time (about a second).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from types import ModuleType
+from typing import Any
+
+__all__ = ["torch_or_none", "is_torch_tensor"]
+
+
+@functools.cache
+def torch_or_none() -> ModuleType | None:
+    """Import torch on first use and cache the outcome.
+
+    Returns:
+        The ``torch`` module, or ``None`` when it is not installed. The outcome
+        is cached for the life of the process. Any thread.
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def is_torch_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.Tensor`` (any device, layout or subclass).
+
+    Never imports torch: if torch is not in ``sys.modules`` no tensor can exist.
+    Any thread.
+    """
+    torch = sys.modules.get("torch")
+    # getattr: torch may be half-imported (an import in progress on another thread).
+    tensor_type = getattr(torch, "Tensor", None)
+    return tensor_type is not None and isinstance(obj, tensor_type)

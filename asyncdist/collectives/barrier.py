@@ -1,0 +1,31 @@
+"""The dissemination barrier (Hensgen, Finkel and Manber, 1988).
+
+In round k every rank signals rank + 2^k and waits for rank - 2^k (mod n);
+after ceil(log2 n) rounds each rank has heard, directly or through others,
+from every rank. Latency: ceil(log2 n) zero-byte messages on the critical
+path, for any n (no power-of-two requirement).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..buffers import HostBuffer
+
+if TYPE_CHECKING:
+    from ..group import Channel
+
+__all__ = ["dissemination_barrier"]
+
+
+def _empty() -> HostBuffer:
+    return HostBuffer(memoryview(bytearray()), "uint8", (0,))
+
+
+async def dissemination_barrier(channel: Channel) -> None:
+    """Return once every rank of the channel's group has entered the barrier."""
+    rank, size = channel.rank, channel.size
+    distance = 1
+    while distance < size:
+        await channel.sendrecv(_empty(), (rank + distance) % size, _empty(), (rank - distance) % size)
+        distance *= 2

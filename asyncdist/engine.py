@@ -1,0 +1,362 @@
+"""The per-rank runtime: connections to every peer, message matching, failures.
+
+One :class:`Engine` per rank (per process, or per simulated rank in a
+one-loop test world). It knows ranks, contexts and tags, never group names
+or collectives. It owns:
+
+* the listening socket and the accept loop (strangers are refused there);
+* one :class:`~asyncdist.transport.stream.Connection` per peer, the higher
+  rank dialing the lower one so each pair has exactly one stream;
+* the :class:`~asyncdist.matching.Matcher`: a payload whose header matches a
+  posted receive is read straight into that receive's buffer; otherwise it
+  lands in an engine-owned buffer and is copied once when its receive comes;
+* failure propagation: when a peer's stream ends, every receive that depends
+  on that peer fails with :class:`PeerLostError`, now and later, and every
+  send to it fails too. Peers that are not involved are unaffected.
+
+Loop thread only. ``send`` and ``post_recv`` are plain functions that start
+the operation and return a future; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Mapping
+
+import numpy as np
+
+from .buffers import HostBuffer, check_fits
+from .errors import BufferMismatchError, ClosedError, PeerLostError, ProtocolError, RendezvousError
+from .handshake import Identity
+from .matching import Inbound, Matcher, PostedRecv
+from .transport.connect import accept_handshake, dial, open_listener
+from .transport.stream import Connection
+from .wire import DEFAULT_MAX_PAYLOAD_BYTES, FrameDecoder, Header, Kind, encode_header
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("asyncdist.engine")
+
+# How long close() waits for queued frames to reach the kernel.
+_CLOSE_DRAIN_SECONDS = 10.0
+
+
+class _PeerSink:
+    """Routes one connection's decoded frames into the engine."""
+
+    __slots__ = ("engine", "rank", "current")
+
+    def __init__(self, engine: Engine, rank: int) -> None:
+        self.engine = engine
+        self.rank = rank
+        self.current: PostedRecv | Inbound | None = None  # the payload being read
+
+    def payload_buffer(self, header: Header) -> memoryview:
+        return self.engine._start_payload(self, header)
+
+    def frame_received(self, header: Header, payload: memoryview) -> None:
+        self.engine._finish_frame(self, header)
+
+
+class Engine:
+    """Connections, matching and failure propagation for one rank.
+
+    Args:
+        me: this rank's identity (job id, rank, world size, secret).
+        max_payload: the largest message accepted from a peer, in bytes.
+        handshake_timeout: seconds an incoming connection may take to
+            authenticate before it is dropped.
+    """
+
+    def __init__(
+        self,
+        me: Identity,
+        *,
+        max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        handshake_timeout: float = 30.0,
+    ) -> None:
+        self.me = me
+        self.rank = me.rank
+        self.world_size = me.world_size
+        self._max_payload = max_payload
+        self._handshake_timeout = handshake_timeout
+        self._matcher = Matcher()
+        self._connections: dict[int, Connection] = {}
+        self._lost: dict[int, PeerLostError] = {}
+        self._sinks: dict[int, _PeerSink] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listener: socket.socket | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._all_connected: asyncio.Future | None = None
+        self._next_context = 0
+        self.closed = False
+        self.address: tuple[str, int] | None = None
+
+    # -- setup -------------------------------------------------------------
+
+    async def listen(self, host: str) -> tuple[str, int]:
+        """Listen on an ephemeral port of ``host``; return (host, port) to publish."""
+        self._loop = asyncio.get_running_loop()
+        self._all_connected = self._loop.create_future()
+        self._listener = open_listener(host)
+        self.address = (host, self._listener.getsockname()[1])
+        self._spawn(self._accept_loop())
+        if self.world_size == 1:
+            self._all_connected.set_result(None)
+        return self.address
+
+    async def connect(self, addresses: Mapping[int, tuple[str, int]], timeout: float) -> None:
+        """Dial every lower rank and wait until every higher rank dialed in.
+
+        Raises:
+            RendezvousError: not all peers connected within ``timeout`` seconds.
+            PeerLostError, HandshakeError: a lower rank could not be reached.
+        """
+        assert self._loop is not None and self._all_connected is not None, "listen() first"
+        loop = self._loop
+
+        async def dial_one(peer: int) -> None:
+            host, port = addresses[peer]
+            self._attach(peer, await dial(loop, host, port, self.me, peer))
+
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(dial_one(peer) for peer in range(self.rank)), asyncio.shield(self._all_connected)),
+                timeout,
+            )
+        except asyncio.TimeoutError:
+            missing = sorted(set(range(self.world_size)) - set(self._connections) - {self.rank})
+            raise RendezvousError(
+                f"rank {self.rank}: ranks {missing} did not connect within {timeout:g} s"
+            ) from None
+
+    def _attach(self, peer: int, sock: socket.socket) -> None:
+        assert self._loop is not None
+        sink = _PeerSink(self, peer)
+        decoder = FrameDecoder(sink, max_payload=self._max_payload)
+        self._sinks[peer] = sink
+        self._connections[peer] = Connection(self._loop, sock, peer, decoder, lambda error: self._peer_lost(peer, error))
+        if len(self._connections) == self.world_size - 1 and not self._all_connected.done():
+            self._all_connected.set_result(None)
+
+    async def _accept_loop(self) -> None:
+        assert self._loop is not None and self._listener is not None
+        while True:
+            try:
+                sock, _ = await self._loop.sock_accept(self._listener)
+            except OSError as exc:
+                if self.closed:
+                    return
+                log.warning("rank %d: accept failed: %s", self.rank, exc)
+                continue
+            self._spawn(self._admit(sock))
+
+    async def _admit(self, sock: socket.socket) -> None:
+        try:
+            peer = await asyncio.wait_for(accept_handshake(self._loop, sock, self.me), self._handshake_timeout)
+        except asyncio.TimeoutError:
+            log.warning("rank %d: dropped a connection that did not finish the handshake in time", self.rank)
+            sock.close()
+            return
+        if peer is None:
+            return
+        if peer < self.rank or peer in self._connections or peer in self._lost or self.closed:
+            log.warning("rank %d: refused an unexpected second connection from rank %d", self.rank, peer)
+            sock.close()
+            return
+        self._attach(peer, sock)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def new_context(self) -> int:
+        """Return a fresh context id (the same on every rank that calls in the same order)."""
+        ctx = self._next_context
+        self._next_context += 1
+        return ctx
+
+    # -- operations ----------------------------------------------------------
+
+    def send(self, dst: int, header: Header, payload: memoryview | None) -> asyncio.Future | None:
+        """Start sending one message; ``None`` means it is already in the kernel.
+
+        Raises:
+            PeerLostError: ``dst`` is lost or not connected.
+            ClosedError: the engine is closed.
+        """
+        connection = self._connections.get(dst)
+        if connection is None:
+            raise self._unreachable(dst)
+        return connection.send_frame(encode_header(header), payload)
+
+    def post_recv(
+        self, ctx: int, src: int | None, tag: int, buf: HostBuffer, sources: frozenset[int] = frozenset()
+    ) -> PostedRecv:
+        """Start a receive; its ``future`` resolves to the matched message's Header.
+
+        ``src=None`` receives from any of ``sources``.
+        """
+        if self.closed:
+            raise ClosedError(f"rank {self.rank}: the process group is closed")
+        assert self._loop is not None
+        recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources)
+        inbound = self._matcher.take_unexpected(ctx, src, tag)
+        if inbound is not None:
+            self._deliver_unexpected(inbound, recv)
+            return recv
+        lost = self._lost_among((src,) if src is not None else sources)
+        if lost is not None:
+            recv.future.set_exception(lost)
+            return recv
+        self._matcher.post(recv)
+        return recv
+
+    def cancel_recv(self, recv: PostedRecv) -> bool:
+        """Withdraw a receive that has not matched yet; True if it was withdrawn."""
+        return self._matcher.unpost(recv)
+
+    def peer_error(self, rank: int) -> PeerLostError | None:
+        """The error that ended the stream to ``rank``, if it has ended."""
+        return self._lost.get(rank)
+
+    # -- incoming frames (called by the decoder through _PeerSink) -----------
+
+    def _start_payload(self, sink: _PeerSink, header: Header) -> memoryview:
+        target = sink.current = self._route(sink, header)
+        if isinstance(target, PostedRecv):
+            return target.buf.view
+        return memoryview(target.data)
+
+    def _finish_frame(self, sink: _PeerSink, header: Header) -> None:
+        if header.kind == Kind.BYE:
+            error = PeerLostError(f"rank {sink.rank} closed its process group", sink.rank)
+            self._peer_lost(sink.rank, error, orderly=True)
+            return
+        target = sink.current if header.nbytes else self._route(sink, header)
+        sink.current = None
+        if isinstance(target, PostedRecv):
+            if not target.future.done():
+                target.future.set_result(header)
+            return
+        target.complete = True
+        if target.waiter is not None:
+            self._deliver_unexpected(target, target.waiter)
+
+    def _route(self, sink: _PeerSink, header: Header) -> PostedRecv | Inbound:
+        if header.src != sink.rank:
+            raise ProtocolError(f"rank {sink.rank} sent a frame claiming to come from rank {header.src}")
+        recv = self._matcher.take_posted(header)
+        if recv is not None:
+            error = self._misfit(header, recv)
+            if error is None:
+                return recv
+            recv.future.set_exception(error)  # the payload is read and dropped
+            return Inbound(header, np.empty(header.nbytes, np.uint8))
+        inbound = Inbound(header, np.empty(header.nbytes, np.uint8))
+        self._matcher.add_unexpected(inbound)
+        return inbound
+
+    def _deliver_unexpected(self, inbound: Inbound, recv: PostedRecv) -> None:
+        future = recv.future
+        if future.done():
+            return
+        error = inbound.failure or self._misfit(inbound.header, recv)
+        if error is not None:
+            future.set_exception(error)
+        elif not inbound.complete:
+            inbound.waiter = recv
+        else:
+            recv.buf.view[:] = memoryview(inbound.data)
+            future.set_result(inbound.header)
+
+    def _misfit(self, header: Header, recv: PostedRecv) -> BufferMismatchError | None:
+        try:
+            check_fits(
+                sent_dtype=header.dtype,
+                sent_shape=header.shape,
+                buf=recv.buf,
+                sender=f"rank {header.src}",
+                receiver=f"rank {self.rank}",
+            )
+        except BufferMismatchError as error:
+            return error
+        return None
+
+    # -- failures --------------------------------------------------------------
+
+    def _unreachable(self, rank: int) -> Exception:
+        if self.closed:
+            return ClosedError(f"rank {self.rank}: the process group is closed")
+        return self._lost.get(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
+
+    def _lost_among(self, ranks) -> PeerLostError | None:
+        for rank in ranks:
+            if rank in self._lost:
+                return self._lost[rank]
+        return None
+
+    def _peer_lost(self, rank: int, error: PeerLostError, orderly: bool = False) -> None:
+        """Fail everything that depends on ``rank``; called once per peer.
+
+        ``orderly``: the peer said goodbye (not worth a warning by itself).
+        """
+        if rank in self._lost:
+            return
+        self._lost[rank] = error
+        connection = self._connections.pop(rank, None)
+        if connection is not None:
+            connection.close()
+        if not self.closed:
+            log.log(logging.INFO if orderly else logging.WARNING, "rank %d lost rank %d: %s", self.rank, rank, error)
+        sink = self._sinks.pop(rank, None)
+        current = sink.current if sink is not None else None
+        if isinstance(current, PostedRecv):
+            if not current.future.done():
+                current.future.set_exception(error)
+        elif isinstance(current, Inbound):
+            current.failure = error
+            if current.waiter is not None and not current.waiter.future.done():
+                current.waiter.future.set_exception(error)
+        for recv in self._matcher.take_dependents(rank):
+            if not recv.future.done():
+                recv.future.set_exception(error)
+
+    async def close(self) -> None:
+        """Say goodbye to every peer, flush what was sent, close every socket.
+
+        Receives still waiting fail with :class:`ClosedError`.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        bye = encode_header(Header(Kind.BYE, 0, self.rank, 0, 0, "uint8", (), 0))
+        drains = []
+        for connection in self._connections.values():
+            try:
+                connection.send_frame(bye, None)
+            except PeerLostError:
+                continue
+            drains.append(connection.drain())
+        if drains:
+            try:
+                await asyncio.wait_for(asyncio.gather(*drains, return_exceptions=True), _CLOSE_DRAIN_SECONDS)
+            except asyncio.TimeoutError:
+                log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
+        closed = ClosedError(f"rank {self.rank}: the process group was destroyed")
+        for rank in list(self._connections):
+            self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
+        for recv in self._matcher.take_all():
+            if not recv.future.done():
+                recv.future.set_exception(closed)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+        if self._all_connected is not None and not self._all_connected.done():
+            self._all_connected.cancel()

@@ -1,0 +1,98 @@
+"""The one place where user threads meet the event loop.
+
+The blocking facade owns a :class:`LoopThread`: a daemon thread running an
+event loop (uvloop when installed) on which every engine, group and
+operation lives. Other threads hand it work with :meth:`LoopThread.call`
+(run a plain function on the loop) and :meth:`LoopThread.run` (run a
+coroutine to completion), and get the result or the exception back.
+
+Both refuse to run on the loop's own thread: a blocking call there would
+wait for the very loop it blocks (trio's rule, anyio's BlockingPortal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from typing import Any, Callable, Coroutine
+
+from .errors import WrongThreadError
+
+__all__ = ["LoopThread", "new_event_loop", "LOOP_ENV"]
+
+#: Set to "asyncio" to use the standard loop even when uvloop is installed.
+LOOP_ENV = "ASYNCDIST_LOOP"
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's when installed (unless ASYNCDIST_LOOP=asyncio)."""
+    if os.environ.get(LOOP_ENV, "").lower() != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+class LoopThread:
+    """An event loop running in a daemon thread, and the bridge into it."""
+
+    def __init__(self, name: str = "asyncdist-loop") -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def _check_thread(self, what: str) -> None:
+        if threading.current_thread() is self._thread:
+            raise WrongThreadError(
+                f"{what} is a blocking call and was made on asyncdist's event loop thread; "
+                "inside coroutines use the await API (asyncdist.init_world / ProcessGroup)"
+            )
+
+    def call(self, fn: Callable[..., Any], *args: Any, what: str = "this call") -> Any:
+        """Run ``fn(*args)`` on the loop thread and return its result (any other thread)."""
+        self._check_thread(what)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def invoke() -> None:
+            try:
+                done.set_result(fn(*args))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(invoke)
+        return done.result()
+
+    def run(self, coro: Coroutine[Any, Any, Any], what: str = "this call") -> Any:
+        """Run ``coro`` on the loop and wait for its result (any other thread)."""
+        try:
+            self._check_thread(what)
+        except WrongThreadError:
+            coro.close()
+            raise
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        """Cancel what is left on the loop, stop it and join the thread."""
+        self._check_thread("LoopThread.stop()")
+        if not self._thread.is_alive():
+            return
+
+        async def cancel_rest() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.run(cancel_rest())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()

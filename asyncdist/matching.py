@@ -1,0 +1,186 @@
+"""MPI message matching: posted receives and unexpected messages (sans-I/O).
+
+A message matches a receive on (context, source, tag); a receive with
+``src=None`` matches any source. The rules, as in MPI:
+
+* Two messages from one source with one tag never overtake each other:
+  each queue is FIFO and a message is queued (as unexpected) the moment its
+  header arrives, before its payload does.
+* A message that arrives matches the *earliest posted* receive that fits,
+  whether that receive named its source or not.
+* A receive that is posted matches the *earliest arrived* unexpected
+  message that fits.
+
+This module only keeps the queues; it never touches sockets, futures or
+clocks, so its behaviour is tested by feeding it events.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from .buffers import HostBuffer
+from .wire import Header
+
+__all__ = ["PostedRecv", "Inbound", "Matcher"]
+
+
+@dataclass(slots=True, eq=False)
+class PostedRecv:
+    """A receive waiting for its message.
+
+    Attributes:
+        ctx, src, tag: what it matches (``src=None``: any source).
+        buf: the destination buffer.
+        sources: for ``src=None``, the global ranks that may send (the group's
+            members), so that losing one of them can fail this receive.
+        future: completed by the engine with the matched :class:`Header`.
+        order: posting order, for choosing between exact and any-source receives.
+    """
+
+    ctx: int
+    src: int | None
+    tag: int
+    buf: HostBuffer
+    future: Any
+    sources: frozenset[int] = frozenset()
+    order: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Inbound:
+    """An unexpected message: arrived (or arriving) before its receive was posted.
+
+    ``data`` is a buffer owned by the engine; ``complete`` turns True when the
+    whole payload is in it; ``waiter`` is a receive matched to it meanwhile;
+    ``failure`` is set when the sender was lost before the payload completed.
+    """
+
+    header: Header
+    data: Any
+    complete: bool = False
+    waiter: PostedRecv | None = None
+    order: int = 0
+    failure: BaseException | None = None
+
+
+class Matcher:
+    """The posted and unexpected queues of one rank."""
+
+    __slots__ = ("_posted", "_posted_any", "_unexpected", "_unexpected_by_ctx_tag", "_counter")
+
+    def __init__(self) -> None:
+        self._posted: dict[tuple[int, int, int], deque[PostedRecv]] = {}
+        self._posted_any: dict[tuple[int, int], deque[PostedRecv]] = {}
+        self._unexpected: dict[tuple[int, int, int], deque[Inbound]] = {}
+        # (ctx, tag) -> sources with queued unexpected messages, for src=None.
+        self._unexpected_by_ctx_tag: dict[tuple[int, int], set[int]] = {}
+        self._counter = itertools.count()
+
+    # -- receives ----------------------------------------------------------
+
+    def take_unexpected(self, ctx: int, src: int | None, tag: int) -> Inbound | None:
+        """Remove and return the earliest unexpected message a new receive matches."""
+        if src is not None:
+            return self._pop_unexpected((ctx, src, tag))
+        sources = self._unexpected_by_ctx_tag.get((ctx, tag))
+        if not sources:
+            return None
+        earliest = min(sources, key=lambda s: self._unexpected[(ctx, s, tag)][0].order)
+        return self._pop_unexpected((ctx, earliest, tag))
+
+    def post(self, recv: PostedRecv) -> None:
+        """Queue a receive that found no unexpected message."""
+        recv.order = next(self._counter)
+        if recv.src is None:
+            self._posted_any.setdefault((recv.ctx, recv.tag), deque()).append(recv)
+        else:
+            self._posted.setdefault((recv.ctx, recv.src, recv.tag), deque()).append(recv)
+
+    def unpost(self, recv: PostedRecv) -> bool:
+        """Remove a posted receive that has not matched (timeout, cancel)."""
+        if recv.src is None:
+            table, key = self._posted_any, (recv.ctx, recv.tag)
+        else:
+            table, key = self._posted, (recv.ctx, recv.src, recv.tag)
+        queue = table.get(key)
+        if queue is None or recv not in queue:
+            return False
+        queue.remove(recv)
+        if not queue:
+            del table[key]
+        return True
+
+    # -- arrivals ----------------------------------------------------------
+
+    def take_posted(self, header: Header) -> PostedRecv | None:
+        """Remove and return the earliest posted receive an arriving message matches."""
+        exact_key = (header.ctx, header.src, header.tag)
+        any_key = (header.ctx, header.tag)
+        exact = self._posted.get(exact_key)
+        wildcard = self._posted_any.get(any_key)
+        if exact and (not wildcard or exact[0].order < wildcard[0].order):
+            table, key, queue = self._posted, exact_key, exact
+        elif wildcard:
+            table, key, queue = self._posted_any, any_key, wildcard
+        else:
+            return None
+        recv = queue.popleft()
+        if not queue:
+            del table[key]
+        return recv
+
+    def add_unexpected(self, inbound: Inbound) -> None:
+        """Queue a message that matched no posted receive."""
+        header = inbound.header
+        inbound.order = next(self._counter)
+        self._unexpected.setdefault((header.ctx, header.src, header.tag), deque()).append(inbound)
+        self._unexpected_by_ctx_tag.setdefault((header.ctx, header.tag), set()).add(header.src)
+
+    def _pop_unexpected(self, key: tuple[int, int, int]) -> Inbound | None:
+        queue = self._unexpected.get(key)
+        if not queue:
+            return None
+        inbound = queue.popleft()
+        if not queue:
+            del self._unexpected[key]
+            ctx, src, tag = key
+            sources = self._unexpected_by_ctx_tag[(ctx, tag)]
+            sources.discard(src)
+            if not sources:
+                del self._unexpected_by_ctx_tag[(ctx, tag)]
+        return inbound
+
+    # -- failures ----------------------------------------------------------
+
+    def take_dependents(self, rank: int) -> list[PostedRecv]:
+        """Remove and return every posted receive that waits on ``rank``: those
+        naming it, and any-source receives whose possible senders include it."""
+        taken: list[PostedRecv] = []
+        for key in [k for k in self._posted if k[1] == rank]:
+            taken.extend(self._posted.pop(key))
+        for key, queue in list(self._posted_any.items()):
+            keep = deque(r for r in queue if rank not in r.sources)
+            if len(keep) == len(queue):
+                continue
+            taken.extend(r for r in queue if rank in r.sources)
+            if keep:
+                self._posted_any[key] = keep
+            else:
+                del self._posted_any[key]
+        return taken
+
+    def take_all(self) -> list[PostedRecv]:
+        """Remove and return every posted receive (the engine is closing)."""
+        taken = [r for q in self._posted.values() for r in q] + [r for q in self._posted_any.values() for r in q]
+        self._posted.clear()
+        self._posted_any.clear()
+        return taken
+
+    def pending_counts(self) -> tuple[int, int]:
+        """(posted receives, unexpected messages), for leak checks and debugging."""
+        posted = sum(len(q) for q in self._posted.values()) + sum(len(q) for q in self._posted_any.values())
+        return posted, sum(len(q) for q in self._unexpected.values())

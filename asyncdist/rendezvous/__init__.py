@@ -1,0 +1,1 @@
+"""How ranks find each other: stores, ``init_method`` URLs, and the bootstrap."""

@@ -1,0 +1,160 @@
+"""``init_method`` URLs and the environment, turned into a store, rank and size.
+
+The forms torch.distributed accepts, with its meaning:
+
+* ``env://`` (the default): ``MASTER_ADDR``, ``MASTER_PORT`` and, unless given
+  as arguments, ``RANK`` and ``WORLD_SIZE``; rank 0 serves a TCPStore at
+  ``MASTER_ADDR:MASTER_PORT``, the others connect to it. Under a launcher that
+  serves the store itself (``TORCHELASTIC_USE_AGENT_STORE=True``), every rank
+  is a client.
+* ``tcp://host:port``: the same store, with rank and world size as arguments.
+* ``file:///path``: a :class:`FileStore` on a shared file system.
+* ``store=``: a store the caller made; rank and world size are required.
+
+``?rank=`` and ``?world_size=`` in the URL are honoured as in torch. Blocking
+(it may construct a TCPStore): call it off the event loop.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping
+from urllib.parse import parse_qs, urlparse
+
+from ..errors import InvalidArgumentError, InvalidRankError, RendezvousError, StoreError
+from .file_store import FileStore
+from .store import Store
+from .tcp_store import TCPStore
+
+__all__ = ["Plan", "resolve", "HOST_ENV", "AGENT_STORE_ENV"]
+
+HOST_ENV = "ASYNCDIST_HOST"
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+_ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the rendezvous needs: a store, who we are, and where to listen.
+
+    Attributes:
+        owns_store: True when the store was made here and must be closed with the group.
+    """
+
+    store: Store
+    rank: int
+    world_size: int
+    host: str
+    owns_store: bool
+
+
+def _int(value: str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise RendezvousError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1:
+        raise InvalidArgumentError(f"world_size must be a positive integer, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise InvalidRankError(f"rank {rank} is out of range: it must be in [0, {world_size}) for world_size={world_size}")
+
+
+def advertise_host(master: str | None, environ: Mapping[str, str]) -> str:
+    """The address this rank listens on and tells its peers.
+
+    ``ASYNCDIST_HOST`` wins; otherwise loopback when the master is local (or
+    unknown), else the local address of the interface that reaches the master.
+    """
+    if environ.get(HOST_ENV):
+        return environ[HOST_ENV]
+    if master is None or master in ("localhost", ""):
+        return "127.0.0.1"
+    try:
+        address = socket.getaddrinfo(master, None, type=socket.SOCK_STREAM)[0][4][0]
+        if ipaddress.ip_address(address).is_loopback:
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # UDP: no packet is sent
+            return probe.getsockname()[0]
+    except OSError as exc:
+        raise RendezvousError(f"cannot find a local address that reaches the master {master!r}: {exc}") from exc
+
+
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str]) -> Store:
+    served_by_agent = environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1")
+    try:
+        return TCPStore(host, port, world_size, is_master=(rank == 0 and not served_by_agent), timeout=timeout, wait_for_workers=False)
+    except StoreError as exc:
+        raise RendezvousError(f"rank {rank}: cannot use the store at {host}:{port}: {exc}") from exc
+
+
+def resolve(
+    init_method: str | None,
+    *,
+    rank: int = -1,
+    world_size: int = -1,
+    store: Store | None = None,
+    timeout: float,
+    environ: Mapping[str, str] = os.environ,
+) -> Plan:
+    """Work out the store, rank and world size of this process.
+
+    Raises:
+        RendezvousError: a required environment variable is missing or bad,
+            or the store cannot be reached or served.
+        InvalidRankError, InvalidArgumentError: rank or world size out of range.
+    """
+    if store is not None:
+        if init_method is not None:
+            raise InvalidArgumentError("init_method and store are mutually exclusive")
+        if rank < 0 or world_size < 1:
+            raise InvalidArgumentError("rank and world_size must be given when store is given")
+        _check_rank(rank, world_size)
+        master = getattr(store, "host", None)
+        return Plan(store, rank, world_size, advertise_host(master, environ), owns_store=False)
+
+    url = urlparse(init_method or "env://")
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    if "rank" in query and rank < 0:
+        rank = _int(query["rank"], "rank")
+    if "world_size" in query and world_size < 0:
+        world_size = _int(query["world_size"], "world_size")
+
+    if url.scheme == "env":
+        needed = [name for name, have in (("RANK", rank >= 0), ("WORLD_SIZE", world_size >= 0)) if not have]
+        needed = ["MASTER_ADDR", "MASTER_PORT"] + needed
+        missing = [name for name in needed if not environ.get(name)]
+        if missing:
+            raise RendezvousError(
+                f"env:// rendezvous needs the environment variables {', '.join(_ENV_VARS)}; "
+                f"not set: {', '.join(missing)}"
+            )
+        if rank < 0:
+            rank = _int(environ["RANK"], "RANK")
+        if world_size < 0:
+            world_size = _int(environ["WORLD_SIZE"], "WORLD_SIZE")
+        _check_rank(rank, world_size)
+        host, port = environ["MASTER_ADDR"], _int(environ["MASTER_PORT"], "MASTER_PORT")
+        made = _tcp_store(host, port, rank, world_size, timeout, environ)
+        return Plan(made, rank, world_size, advertise_host(host, environ), owns_store=True)
+
+    if rank < 0 or world_size < 0:
+        raise InvalidArgumentError(f"{url.scheme}:// rendezvous needs rank and world_size (arguments or URL query)")
+    _check_rank(rank, world_size)
+    if url.scheme == "tcp":
+        if not url.hostname or url.port is None:
+            raise InvalidArgumentError(f"tcp:// init_method needs host and port, got {init_method!r}")
+        made = _tcp_store(url.hostname, url.port, rank, world_size, timeout, environ)
+        return Plan(made, rank, world_size, advertise_host(url.hostname, environ), owns_store=True)
+    if url.scheme == "file":
+        path = url.path if not url.netloc else url.netloc + url.path
+        if not path:
+            raise InvalidArgumentError(f"file:// init_method needs a path, got {init_method!r}")
+        return Plan(FileStore(path, world_size), rank, world_size, advertise_host(None, environ), owns_store=True)
+    raise InvalidArgumentError(f"unsupported init_method {init_method!r}: use env://, tcp://host:port or file:///path")

@@ -1,0 +1,433 @@
+"""The key-value store interface shared by every store, and :class:`PrefixStore`.
+
+A store is the job's rendezvous blackboard: ranks publish addresses, counters and
+barriers' arrivals under string keys and block until the others have published
+theirs. The API is torch.distributed's ``Store`` with the same names, argument
+names and semantics, so code written against ``torch.distributed.TCPStore`` runs
+unchanged.
+
+This module owns:
+
+* :class:`Store`, the base class. Its public methods validate arguments, refuse
+  calls after :meth:`Store.close` with :class:`~asyncdist.errors.ClosedError`,
+  turn a subclass's "timed out" answer into a
+  :class:`~asyncdist.errors.StoreTimeoutError` naming the keys and the timeout,
+  and provide ``async_*`` twins for callers on an event loop. Subclasses only
+  implement the small ``_``-prefixed hooks.
+* :func:`apply_add` and :func:`apply_compare_set`, the two read-modify-write rules,
+  written once and used by every concrete store (and by the TCP store's server).
+* :class:`PrefixStore`, which namespaces keys over another store.
+
+Invariants: keys are ``str``; values are stored and returned as ``bytes`` (a
+``str`` value is UTF-8 encoded); counters written by ``add`` are ASCII decimal.
+The synchronous methods block the calling thread (they are torch's API); the
+``async_*`` twins run them on :data:`STORE_EXECUTOR`, a pool dedicated to store
+calls so that many ranks waiting in one loop never starve each other or the
+loop's default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any, Iterable
+
+from ..errors import ClosedError, InvalidArgumentError, StoreTimeoutError
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "MAX_TIMEOUT_S",
+    "STORE_EXECUTOR",
+    "PrefixStore",
+    "Store",
+    "apply_add",
+    "apply_compare_set",
+    "timeout_seconds",
+]
+
+#: torch's default store timeout (``kDefaultTimeout``, 300 s).
+DEFAULT_TIMEOUT = timedelta(seconds=300)
+
+#: Longer timeouts (``timedelta.max``, ``inf``) are cut to this many seconds (a
+#: year): lock and socket timeouts overflow somewhere past 2**63 ns.
+MAX_TIMEOUT_S = 365 * 24 * 3600.0
+
+#: Threads that run the ``async_*`` twins. 64, because every blocked ``async_get``
+#: or ``async_wait`` holds a thread until its keys appear: 8 ranks in one loop each
+#: waiting on a few keys must all fit, with room to spare for the calls that would
+#: wake them. Threads are started on demand, so an idle pool costs nothing.
+STORE_EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="asyncdist-store")
+
+
+# What C's stoll accepts (torch parses counters with it): "12x" reads as 12.
+_STOLL = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def timeout_seconds(timeout: timedelta | float | None, default: float) -> float:
+    """Normalise a torch-style timeout to seconds.
+
+    Args:
+        timeout: a ``timedelta``, a number of seconds, or ``None``.
+        default: seconds to use when ``timeout`` is ``None``.
+
+    Returns:
+        The timeout in seconds, a float in ``[0, MAX_TIMEOUT_S]``.
+
+    Raises:
+        InvalidArgumentError: ``timeout`` is negative or not a duration.
+    """
+    if timeout is None:
+        return float(default)
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise InvalidArgumentError(
+            f"store timeout must be a timedelta or seconds, not {type(timeout).__name__}"
+        )
+    if not seconds >= 0:  # also refuses NaN
+        raise InvalidArgumentError(f"store timeout must be >= 0 seconds, got {seconds}")
+    return min(seconds, MAX_TIMEOUT_S)
+
+
+def apply_add(key: str, current: bytes | None, amount: int) -> int:
+    """The ``add`` rule: the new value of ``key`` (store it as ``str(n)`` in ASCII).
+
+    A missing or empty value counts as 0. Otherwise the value is read as C's
+    ``stoll`` reads it, as torch does: leading whitespace, an optional sign and
+    digits, anything after them ignored. Raises :class:`InvalidArgumentError` when
+    no digits lead the value (torch raises ``ValueError`` there), or when the
+    sum leaves the int64 range torch's counters have.
+    """
+    match = _STOLL.match(current) if current else None
+    if current and match is None:
+        raise InvalidArgumentError(
+            f"add: the value of key {key!r} is not an integer: {current[:40]!r}"
+        )
+    total = (int(match.group(1)) if match else 0) + amount
+    if not _INT64_MIN <= total <= _INT64_MAX:
+        raise InvalidArgumentError(f"add: key {key!r} would leave the int64 range: {total}")
+    return total
+
+
+def apply_compare_set(
+    current: bytes | None, expected: bytes, desired: bytes
+) -> tuple[bytes | None, bytes]:
+    """torch's ``compare_set`` rule.
+
+    Returns:
+        ``(new_value, reply)``: ``new_value`` is what the key must be set to, or
+        ``None`` to leave the store unchanged; ``reply`` is what the call returns.
+        The key is set when it is missing and ``expected == b""``, or when it holds
+        ``expected``; otherwise a missing key answers ``expected`` and a present key
+        answers its current value.
+    """
+    if (current is None and expected == b"") or current == expected:
+        return desired, desired
+    if current is None:
+        return None, expected
+    return None, current
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise InvalidArgumentError(f"store keys must be str, not {type(key).__name__}")
+    return key
+
+
+def _keys(keys: Iterable[str]) -> list[str]:
+    if isinstance(keys, (str, bytes)) or not hasattr(keys, "__iter__"):
+        raise InvalidArgumentError(f"store keys must be a list of str, not {type(keys).__name__}")
+    return [_key(k) for k in keys]
+
+
+def _value(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidArgumentError(f"store values must be str or bytes, not {type(value).__name__}")
+
+
+class Store:
+    """Base class of the key-value stores (torch.distributed's ``Store`` API).
+
+    All public methods may be called from any thread. The synchronous ones block
+    the calling thread; inside a coroutine use the ``async_*`` twins instead, which
+    run the same call on :data:`STORE_EXECUTOR`. A twin whose awaiting task is
+    cancelled still occupies its thread until the call returns or times out.
+
+    Subclasses implement the hooks ``_set``, ``_get``, ``_add``, ``_compare_set``,
+    ``_wait``, ``_check``, ``_delete_key``, ``_num_keys`` and ``_close``; ``_get``
+    returns ``None`` and ``_wait`` returns the missing keys when the timeout passes.
+    """
+
+    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
+        self._timeout_s = timeout_seconds(timeout, 0.0)
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    # -- timeout ----------------------------------------------------------
+
+    @property
+    def timeout(self) -> timedelta:
+        """The timeout of ``get`` and of ``wait`` without an explicit timeout."""
+        return timedelta(seconds=self._timeout_s)
+
+    def set_timeout(self, timeout: timedelta | float) -> None:
+        """Set the default timeout (a ``timedelta`` or seconds)."""
+        self._timeout_s = timeout_seconds(timeout, 0.0)
+
+    # -- the torch API ----------------------------------------------------
+
+    def set(self, key: str, value: str | bytes) -> None:
+        """Set ``key`` to ``value`` (``str`` is stored UTF-8 encoded)."""
+        key, value = _key(key), _value(value)
+        self._ensure_open("set")
+        self._set(key, value)
+
+    def get(self, key: str) -> bytes:
+        """Return the value of ``key``, blocking until it is set.
+
+        Raises:
+            StoreTimeoutError: ``key`` was not set within :attr:`timeout`.
+            ClosedError: the store is, or was meanwhile, closed.
+        """
+        key = _key(key)
+        self._ensure_open("get")
+        timeout = self.timeout.total_seconds()
+        value = self._get(key, timeout)
+        if value is None:
+            self._ensure_open("get")
+            raise StoreTimeoutError(
+                f"{type(self).__name__}.get: key {key!r} was not set within {timeout:g} s"
+            )
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the integer at ``key`` (missing: 0).
+
+        Returns:
+            The new value. The stored value is its ASCII decimal form.
+        """
+        key = _key(key)
+        try:
+            amount = operator.index(amount)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"add: amount must be an int, not {type(amount).__name__}"
+            ) from None
+        if not _INT64_MIN <= amount <= _INT64_MAX:
+            raise InvalidArgumentError(f"add: amount {amount} is outside the int64 range")
+        self._ensure_open("add")
+        return self._add(key, amount)
+
+    def compare_set(
+        self, key: str, expected_value: str | bytes, desired_value: str | bytes
+    ) -> bytes:
+        """Set ``key`` to ``desired_value`` if it holds ``expected_value``.
+
+        A missing key matches ``expected_value == ""``. Returns ``desired_value``
+        when the key was set, else the current value, or ``expected_value`` when
+        the key is missing (torch's rule, see :func:`apply_compare_set`).
+        """
+        key = _key(key)
+        expected, desired = _value(expected_value), _value(desired_value)
+        self._ensure_open("compare_set")
+        return self._compare_set(key, expected, desired)
+
+    def wait(self, keys: list[str], timeout: timedelta | float | None = None) -> None:
+        """Block until every key in ``keys`` is set.
+
+        Args:
+            keys: the keys to wait for.
+            timeout: how long to wait; defaults to :attr:`timeout`.
+
+        Raises:
+            StoreTimeoutError: names the keys still missing at the deadline.
+            ClosedError: the store is, or was meanwhile, closed.
+        """
+        keys = _keys(keys)
+        seconds = timeout_seconds(timeout, self.timeout.total_seconds())
+        self._ensure_open("wait")
+        missing = self._wait(keys, seconds)
+        if missing:
+            self._ensure_open("wait")
+            raise StoreTimeoutError(
+                f"{type(self).__name__}.wait: keys {missing!r} were not set "
+                f"within {seconds:g} s"
+            )
+
+    def check(self, keys: list[str]) -> bool:
+        """Return whether every key in ``keys`` is set, without waiting."""
+        keys = _keys(keys)
+        self._ensure_open("check")
+        return self._check(keys)
+
+    def delete_key(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed."""
+        key = _key(key)
+        self._ensure_open("delete_key")
+        return self._delete_key(key)
+
+    def num_keys(self) -> int:
+        """Return the number of keys set (stores' internal bookkeeping excluded)."""
+        self._ensure_open("num_keys")
+        return self._num_keys()
+
+    def close(self) -> None:
+        """Release the store's resources. Idempotent; later calls raise ClosedError."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- async twins (any loop; each runs the call on STORE_EXECUTOR) -----
+
+    async def _in_executor(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(STORE_EXECUTOR, fn, *args)
+
+    async def async_set(self, key: str, value: str | bytes) -> None:
+        """:meth:`set` for coroutines."""
+        await self._in_executor(self.set, key, value)
+
+    async def async_get(self, key: str) -> bytes:
+        """:meth:`get` for coroutines."""
+        return await self._in_executor(self.get, key)
+
+    async def async_add(self, key: str, amount: int) -> int:
+        """:meth:`add` for coroutines."""
+        return await self._in_executor(self.add, key, amount)
+
+    async def async_compare_set(
+        self, key: str, expected_value: str | bytes, desired_value: str | bytes
+    ) -> bytes:
+        """:meth:`compare_set` for coroutines."""
+        return await self._in_executor(self.compare_set, key, expected_value, desired_value)
+
+    async def async_wait(self, keys: list[str], timeout: timedelta | float | None = None) -> None:
+        """:meth:`wait` for coroutines."""
+        await self._in_executor(self.wait, keys, timeout)
+
+    async def async_check(self, keys: list[str]) -> bool:
+        """:meth:`check` for coroutines."""
+        return await self._in_executor(self.check, keys)
+
+    async def async_delete_key(self, key: str) -> bool:
+        """:meth:`delete_key` for coroutines."""
+        return await self._in_executor(self.delete_key, key)
+
+    async def async_num_keys(self) -> int:
+        """:meth:`num_keys` for coroutines."""
+        return await self._in_executor(self.num_keys)
+
+    # -- for subclasses ---------------------------------------------------
+
+    def _ensure_open(self, op: str) -> None:
+        if self._closed:
+            raise ClosedError(f"{type(self).__name__}.{op}: the store is closed")
+
+    def _set(self, key: str, value: bytes) -> None:
+        raise NotImplementedError
+
+    def _get(self, key: str, timeout: float) -> bytes | None:
+        raise NotImplementedError
+
+    def _add(self, key: str, amount: int) -> int:
+        raise NotImplementedError
+
+    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        raise NotImplementedError
+
+    def _wait(self, keys: list[str], timeout: float) -> list[str]:
+        raise NotImplementedError
+
+    def _check(self, keys: list[str]) -> bool:
+        raise NotImplementedError
+
+    def _delete_key(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def _num_keys(self) -> int:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+
+class PrefixStore(Store):
+    """A view of ``store`` in which every key ``k`` is ``f"{prefix}/{k}"``.
+
+    The timeout is the underlying store's (reading or setting it here reads or
+    sets it there, as in torch). ``num_keys`` counts all of the underlying
+    store's keys, as torch's does. Closing a PrefixStore does not close the
+    underlying store; closing the underlying store makes this one fail with its
+    ClosedError.
+    """
+
+    def __init__(self, prefix: str, store: Store) -> None:
+        if not isinstance(prefix, str):
+            raise InvalidArgumentError(f"PrefixStore prefix must be str, not {type(prefix).__name__}")
+        if not isinstance(store, Store):
+            raise InvalidArgumentError(f"PrefixStore needs a Store, not {type(store).__name__}")
+        super().__init__()
+        self._prefix = prefix
+        self._store = store
+
+    @property
+    def underlying_store(self) -> Store:
+        """The store this one writes through to."""
+        return self._store
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._store.timeout
+
+    def set_timeout(self, timeout: timedelta | float) -> None:
+        self._store.set_timeout(timeout)
+
+    def _p(self, key: str) -> str:
+        return f"{self._prefix}/{key}"
+
+    def _set(self, key: str, value: bytes) -> None:
+        self._store.set(self._p(key), value)
+
+    def _get(self, key: str, timeout: float) -> bytes | None:
+        # The underlying store's timeout is ours, so its StoreTimeoutError (which
+        # names the prefixed key) is the one to raise.
+        return self._store.get(self._p(key))
+
+    def _add(self, key: str, amount: int) -> int:
+        return self._store.add(self._p(key), amount)
+
+    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        return self._store.compare_set(self._p(key), expected, desired)
+
+    def _wait(self, keys: list[str], timeout: float) -> list[str]:
+        self._store.wait([self._p(k) for k in keys], timeout)
+        return []
+
+    def _check(self, keys: list[str]) -> bool:
+        return self._store.check([self._p(k) for k in keys])
+
+    def _delete_key(self, key: str) -> bool:
+        return self._store.delete_key(self._p(key))
+
+    def _num_keys(self) -> int:
+        return self._store.num_keys()
+
+    def _close(self) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Byte streams between ranks: connecting with a handshake, and framed streams."""

@@ -1,0 +1,135 @@
+"""Opening connections: listen, dial, and run the handshake over a socket.
+
+This module does the I/O of the handshake whose logic lives in
+:mod:`asyncdist.handshake`. It hands back sockets that passed it; the engine
+wraps them in :class:`~asyncdist.transport.stream.Connection`.
+
+A connection that fails the handshake is answered with a REJECT (where the
+peer got far enough to read one), closed and logged; it never raises into
+the accept loop, so a stranger on the port cannot take a rank down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from ..errors import FrameTooLargeError, HandshakeError, PeerLostError, ProtocolError
+from ..handshake import Acceptor, Dialer, Identity, message_length, reject_message
+from ..wire import PREFIX
+
+__all__ = ["open_listener", "dial", "accept_handshake", "tune_socket"]
+
+log = logging.getLogger("asyncdist.transport")
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Set the options every peer stream uses: no Nagle delay, non-blocking."""
+    sock.setblocking(False)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def open_listener(host: str, backlog: int = 128) -> socket.socket:
+    """Bind an ephemeral port on ``host`` and listen (non-blocking).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _read_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = await loop.sock_recv_into(sock, view[got:])
+        if k == 0:
+            raise ConnectionResetError("connection closed during the handshake")
+        got += k
+    return bytes(buf)
+
+
+async def _read_message(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+    length = message_length(await _read_exact(loop, sock, PREFIX.size))
+    return await _read_exact(loop, sock, length)
+
+
+async def dial(
+    loop: asyncio.AbstractEventLoop,
+    host: str,
+    port: int,
+    me: Identity,
+    peer: int,
+) -> socket.socket:
+    """Connect to ``peer`` at host:port and authenticate both ways.
+
+    Raises:
+        PeerLostError: the peer cannot be reached or closed the connection.
+        HandshakeError: the peer is not a rank of this job, or refused us.
+    """
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise PeerLostError(f"cannot resolve rank {peer}'s address {host}:{port}: {exc}", peer) from exc
+    try:
+        tune_socket(sock)
+        await loop.sock_connect(sock, address)
+        handshake = Dialer(me, peer)
+        await loop.sock_sendall(sock, handshake.hello())
+        await loop.sock_sendall(sock, handshake.on_challenge(await _read_message(loop, sock)))
+        handshake.on_verdict(await _read_message(loop, sock))
+    except OSError as exc:
+        sock.close()
+        raise PeerLostError(f"cannot connect to rank {peer} at {host}:{port}: {exc}", peer) from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def accept_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket, me: Identity) -> int | None:
+    """Authenticate an accepted connection; return the peer's rank, or None.
+
+    On failure the connection is closed and the reason logged; nothing is raised.
+    """
+    tune_socket(sock)
+    handshake = Acceptor(me)
+    try:
+        await loop.sock_sendall(sock, handshake.on_hello(await _read_message(loop, sock)))
+        await loop.sock_sendall(sock, handshake.on_auth(await _read_message(loop, sock)))
+        return handshake.peer_rank
+    except (HandshakeError, FrameTooLargeError, ProtocolError) as exc:
+        peer = _describe_peer(sock)
+        log.warning("rank %d refused a connection from %s: %s", me.rank, peer, exc)
+        try:
+            sock.send(reject_message(str(exc)))
+        except OSError:
+            pass
+    except OSError as exc:
+        log.warning("rank %d: a connection from %s failed during the handshake: %s", me.rank, _describe_peer(sock), exc)
+    sock.close()
+    return None
+
+
+def _describe_peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "an unknown address"

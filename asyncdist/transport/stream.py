@@ -1,0 +1,208 @@
+"""One authenticated byte stream to one peer, driven by the event loop.
+
+A :class:`Connection` owns a connected, non-blocking socket after its
+handshake. It reads with ``recv_into`` straight into whatever view the
+:class:`~asyncdist.wire.FrameDecoder` names (the user's buffer for a large
+matched payload) and writes with ``sendmsg`` from memoryviews of the user's
+arrays, so neither direction copies a payload in user space.
+
+Why raw ``add_reader``/``add_writer`` instead of an asyncio Transport: a
+transport's ``write()`` either copies what the kernel did not take (the
+selector loop) or keeps a reference and returns at once (uvloop), so "the
+send is complete, the buffer may be reused" could not be told apart from
+"the bytes are queued". Here a send's future resolves exactly when its last
+byte is in the kernel, which is the moment torch's ``send`` may return.
+
+Invariants:
+
+* Frames are written whole and in the order ``send_frame`` was called.
+* Loop thread only; every callback runs on the loop.
+* On any failure the connection calls ``on_lost`` exactly once, fails every
+  pending send, and closes its socket. It never raises into the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from typing import Callable
+
+from ..errors import PeerLostError, ProtocolError
+from ..wire import FrameDecoder
+
+__all__ = ["Connection"]
+
+log = logging.getLogger("asyncdist.transport")
+
+# Reads per readable event before yielding to other callbacks; bounds how
+# long one busy peer can hold the loop (each read is at most one buffer).
+_MAX_READS_PER_EVENT = 64
+# sendmsg accepts at most IOV_MAX (1024 on Linux) buffers per call.
+_MAX_IOV = 512
+
+
+class _PendingWrite:
+    __slots__ = ("views", "future")
+
+    def __init__(self, views: deque[memoryview], future: asyncio.Future) -> None:
+        self.views = views
+        self.future = future
+
+
+class Connection:
+    """A framed, authenticated stream to one peer (loop thread only).
+
+    Args:
+        loop: the loop that owns the socket.
+        sock: a connected socket that passed the handshake.
+        peer: the peer's global rank (for error messages).
+        decoder: the frame decoder that receives this stream's bytes.
+        on_lost: called once with the :class:`PeerLostError` when the stream
+            ends or fails for any reason other than :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        peer: int,
+        decoder: FrameDecoder,
+        on_lost: Callable[[PeerLostError], None],
+    ) -> None:
+        sock.setblocking(False)
+        self._loop = loop
+        self._sock = sock
+        self._fd = sock.fileno()
+        self.peer = peer
+        self._decoder = decoder
+        self._on_lost = on_lost
+        self._writes: deque[_PendingWrite] = deque()
+        self._writer_armed = False
+        self.closed = False
+        loop.add_reader(self._fd, self._on_readable)
+
+    # -- writing -----------------------------------------------------------
+
+    def send_frame(self, header: bytes, payload: memoryview | None) -> asyncio.Future | None:
+        """Queue one frame; return ``None`` if it went to the kernel at once,
+        else a future resolved when its last byte has.
+
+        Raises:
+            PeerLostError: the connection is already closed.
+        """
+        if self.closed:
+            raise PeerLostError(f"connection to rank {self.peer} is closed", self.peer)
+        views = deque((memoryview(header),))
+        if payload is not None and payload.nbytes:
+            views.append(payload)
+        if not self._writes:
+            try:
+                self._write_views(views)
+            except OSError as exc:
+                self._lose(f"send to rank {self.peer} failed: {exc}", exc)
+                raise PeerLostError(f"send to rank {self.peer} failed: {exc}", self.peer) from exc
+            if not views:
+                return None
+        future = self._loop.create_future()
+        self._writes.append(_PendingWrite(views, future))
+        if not self._writer_armed:
+            self._loop.add_writer(self._fd, self._on_writable)
+            self._writer_armed = True
+        return future
+
+    def _write_views(self, views: deque[memoryview]) -> None:
+        """Write as much of ``views`` as the kernel takes, dropping what was sent."""
+        while views:
+            batch = list(views)[:_MAX_IOV] if len(views) > _MAX_IOV else views
+            try:
+                sent = self._sock.sendmsg(batch)
+            except (BlockingIOError, InterruptedError):
+                return
+            while sent:
+                head = views[0]
+                if sent >= head.nbytes:
+                    sent -= head.nbytes
+                    views.popleft()
+                else:
+                    views[0] = head[sent:]
+                    sent = 0
+            if views:
+                return  # the kernel took less than offered: its buffer is full
+
+    def _on_writable(self) -> None:
+        try:
+            while self._writes:
+                pending = self._writes[0]
+                self._write_views(pending.views)
+                if pending.views:
+                    return
+                self._writes.popleft()
+                if not pending.future.done():
+                    pending.future.set_result(None)
+        except OSError as exc:
+            self._lose(f"send to rank {self.peer} failed: {exc}", exc)
+            return
+        self._loop.remove_writer(self._fd)
+        self._writer_armed = False
+
+    # -- reading -----------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        decoder = self._decoder
+        try:
+            for _ in range(_MAX_READS_PER_EVENT):
+                view = decoder.get_buffer()
+                n = self._sock.recv_into(view)
+                if n == 0:
+                    self._lose(f"rank {self.peer} closed the connection", None)
+                    return
+                decoder.buffer_updated(n)
+                if n < view.nbytes:
+                    return  # drained what the kernel had
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lose(f"connection to rank {self.peer} failed: {exc}", exc)
+        except ProtocolError as exc:
+            log.error("rank %d broke the wire protocol: %s", self.peer, exc)
+            self._lose(f"rank {self.peer} broke the wire protocol: {exc}", exc)
+        except Exception as exc:  # a bug in a sink must not kill the loop
+            log.exception("error while handling data from rank %d", self.peer)
+            self._lose(f"error while handling data from rank {self.peer}: {exc!r}", exc)
+
+    # -- closing -----------------------------------------------------------
+
+    def _lose(self, reason: str, cause: BaseException | None) -> None:
+        if self.closed:
+            return
+        error = PeerLostError(reason, self.peer)
+        error.__cause__ = cause
+        self._shutdown(error)
+        self._on_lost(error)
+
+    def close(self) -> None:
+        """Close the socket at once; pending sends fail with PeerLostError."""
+        if not self.closed:
+            self._shutdown(PeerLostError(f"connection to rank {self.peer} was closed locally", self.peer))
+
+    async def drain(self) -> None:
+        """Wait until every queued frame has been handed to the kernel."""
+        while self._writes and not self.closed:
+            await asyncio.shield(self._writes[-1].future)
+
+    def _shutdown(self, error: PeerLostError) -> None:
+        self.closed = True
+        self._loop.remove_reader(self._fd)
+        if self._writer_armed:
+            self._loop.remove_writer(self._fd)
+            self._writer_armed = False
+        for pending in self._writes:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+        self._writes.clear()
+        try:
+            self._sock.close()
+        except OSError:
+            pass

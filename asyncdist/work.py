@@ -1,0 +1,166 @@
+"""``Work``: the handle of an operation in flight, for both faces.
+
+A Work wraps the asyncio future of one operation. Coroutines ``await`` it
+(on the loop's thread); blocking code calls :meth:`Work.wait` from any other
+thread, as torch.distributed's ``Work.wait()``. The future always lives on
+the engine's loop: ``wait`` never touches it, it waits on a
+``threading.Event`` that the future's done-callback sets, so a Work can be
+shared between the loop thread and user threads without locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from datetime import timedelta
+from typing import Any, Generator
+
+from ._torch import torch_or_none
+from .errors import OperationTimeoutError, WrongThreadError
+
+__all__ = ["Work", "completed_future"]
+
+
+def completed_future(loop: asyncio.AbstractEventLoop, result: Any = None) -> asyncio.Future:
+    """A future that is already done with ``result`` (for operations that finished at once)."""
+    future = loop.create_future()
+    future.set_result(result)
+    return future
+
+
+class Work:
+    """A handle on an asynchronous operation (``isend``, ``irecv``, collectives).
+
+    Create it on the loop thread; use it from any thread.
+
+    Args:
+        future: the operation's future, on the engine's loop.
+        op: what the operation is, for error messages ("send to rank 1").
+        outputs: the tensors the operation writes or reads, returned by
+            :meth:`result` as torch's ``Work.result()`` does.
+    """
+
+    __slots__ = ("_future", "_loop", "_op", "_outputs", "_event")
+
+    def __init__(self, future: asyncio.Future, op: str, outputs: list | None = None) -> None:
+        self._future = future
+        self._loop = future.get_loop()
+        self._op = op
+        self._outputs = outputs if outputs is not None else []
+        self._event: threading.Event | None = None
+        future.add_done_callback(self._on_done)
+
+    def _on_done(self, future: asyncio.Future) -> None:
+        if not future.cancelled():
+            future.exception()  # the error is kept for wait()/exception(); don't log it as lost
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """Await completion (loop thread); returns the operation's value
+        (for ``irecv``, the sender's rank) or raises its error."""
+        return self._future.__await__()
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._future.done() else ("ok" if self.is_success() else "failed")
+        return f"<Work {self._op}: {state}>"
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Block until the operation completes; return True, or raise its error.
+
+        Any thread but the loop's own (blocking there would deadlock).
+
+        Args:
+            timeout: a ``timedelta`` or seconds; ``None`` waits as long as the
+                operation's own timeout allows.
+
+        Raises:
+            OperationTimeoutError: not completed within ``timeout``; the
+                operation itself goes on and ``wait`` may be called again.
+            WrongThreadError: called on the event loop's thread.
+            Exception: the operation's own error (PeerLostError, …).
+        """
+        future = self._future
+        if not future.done():
+            if _on_loop_thread(self._loop):
+                raise WrongThreadError(
+                    f"Work.wait() for {self._op} was called on the event loop's thread; use 'await work' there"
+                )
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+            event = threading.Event()
+            self._event = event
+            # The done-callback may have run before _event was set; it runs
+            # only after the future is done, so check again.
+            if not future.done() and not event.wait(seconds):
+                raise OperationTimeoutError(f"{self._op} did not complete within {seconds:g} s (Work.wait timeout)")
+        if future.cancelled():
+            raise OperationTimeoutError(f"{self._op} was cancelled")
+        error = future.exception()
+        if error is not None:
+            raise error
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the operation has finished, successfully or not."""
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        """True if the operation finished without error."""
+        future = self._future
+        return future.done() and not future.cancelled() and future.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """The operation's error, or None (also while it is still running)."""
+        future = self._future
+        if not future.done():
+            return None
+        if future.cancelled():
+            return OperationTimeoutError(f"{self._op} was cancelled")
+        return future.exception()
+
+    def value(self) -> Any:
+        """The operation's value once complete (for ``irecv``, the sender's rank)."""
+        self.wait()
+        return self._future.result()
+
+    def result(self) -> list:
+        """Wait, then return the operation's tensors (torch's ``Work.result()``)."""
+        self.wait()
+        return list(self._outputs)
+
+    def source_rank(self) -> int:
+        """For a receive: the rank the message came from (waits for it)."""
+        return self.value()
+
+    _source_rank = source_rank  # torch's spelling
+
+    def get_future(self) -> Any:
+        """A future completed with :meth:`result`'s list when the operation ends.
+
+        A ``torch.futures.Future`` when torch is installed (so ``.then()`` and
+        ``.wait()`` work as in torch), else a ``concurrent.futures.Future``.
+        """
+        torch = torch_or_none()
+        target = torch.futures.Future() if torch is not None else concurrent.futures.Future()
+
+        def transfer(future: asyncio.Future) -> None:
+            error = self.exception()
+            if error is not None:
+                target.set_exception(error)
+            else:
+                target.set_result(list(self._outputs))
+
+        if self._future.done():
+            transfer(self._future)
+        else:
+            self._loop.call_soon_threadsafe(self._future.add_done_callback, transfer)
+        return target
+
+
+def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

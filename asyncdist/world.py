@@ -1,0 +1,87 @@
+"""``init_world``: the entry point of the await API.
+
+It does what ``init_process_group`` does, as a coroutine on the caller's
+loop, and returns the world :class:`~asyncdist.group.ProcessGroup`
+instead of hiding it in module state::
+
+    world = await asyncdist.init_world("tcp://10.0.0.1:29500", rank=r, world_size=4)
+    try:
+        await world.send(x, dst=1)
+    finally:
+        await world.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from .group import ProcessGroup
+from .rendezvous.bootstrap import bootstrap
+from .rendezvous.init_method import resolve
+from .rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
+
+__all__ = ["init_world", "DEFAULT_TIMEOUT"]
+
+#: torch.distributed's default timeout for process groups (30 minutes).
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+def to_seconds(timeout: timedelta | float | None) -> float:
+    """A timeout as seconds; None means the default."""
+    if timeout is None:
+        return DEFAULT_TIMEOUT.total_seconds()
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+
+
+async def init_world(
+    init_method: str | None = None,
+    *,
+    rank: int = -1,
+    world_size: int = -1,
+    store: Store | None = None,
+    timeout: timedelta | float | None = None,
+    group_name: str = "",
+    store_prefix: str = "asyncdist",
+) -> ProcessGroup:
+    """Join the job and return its world group (loop thread; returns when all ranks joined).
+
+    Args:
+        init_method: ``env://`` (default), ``tcp://host:port`` or ``file:///path``.
+        rank, world_size: this rank and the number of ranks (-1: from the
+            environment or the URL).
+        store: a store to rendezvous through instead of ``init_method``.
+        timeout: a ``timedelta`` or seconds; bounds the rendezvous and becomes
+            the world group's per-operation timeout (default 30 minutes).
+        group_name: the world group's name, in error messages.
+        store_prefix: the key prefix used in the store (distinct per
+            initialisation when one store serves several).
+
+    Raises:
+        RendezvousError: see :func:`asyncdist.rendezvous.init_method.resolve`
+            and :func:`asyncdist.rendezvous.bootstrap.bootstrap`.
+    """
+    seconds = to_seconds(timeout)
+    loop = asyncio.get_running_loop()
+    plan = await loop.run_in_executor(
+        STORE_EXECUTOR,
+        lambda: resolve(init_method, rank=rank, world_size=world_size, store=store, timeout=seconds),
+    )
+    try:
+        engine = await bootstrap(
+            PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds
+        )
+    except BaseException:
+        if plan.owns_store:
+            plan.store.close()
+        raise
+    world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds)
+    if plan.owns_store:
+        world.on_close(lambda: loop.run_in_executor(STORE_EXECUTOR, plan.store.close))
+    world.on_close(engine.close)
+    try:
+        await world.barrier()
+    except BaseException:
+        await world.close()
+        raise
+    return world

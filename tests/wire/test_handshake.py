@@ -1,0 +1,371 @@
+"""Tests for asyncdist.handshake: a Dialer and an Acceptor wired together in
+memory, each one's output fed to the other, and every way a stranger, a rank
+of another job or a replay is refused.
+
+Messages travel as they would on a socket: a 4-byte prefix read with
+``message_length``, then the body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncdist.errors import FrameTooLargeError, HandshakeError, ProtocolError
+from asyncdist.handshake import (
+    MAGIC,
+    MAX_HANDSHAKE_BYTES,
+    PROTOCOL_VERSION,
+    Acceptor,
+    Dialer,
+    Identity,
+    decode_message,
+    encode_message,
+    message_length,
+    reject_message,
+)
+from asyncdist.wire import PREFIX
+
+SECRET = b"job-secret-0123456789abcdef"
+JOB = "job-42"
+WORLD = 4
+NONCE_D = bytes(range(16))
+NONCE_A = bytes(range(100, 116))
+
+
+def me(rank: int, *, job: str = JOB, secret: bytes = SECRET, world: int = WORLD) -> Identity:
+    return Identity(job_id=job, rank=rank, world_size=world, secret=secret)
+
+
+def body(message: bytes) -> bytes:
+    """What the reading side hands the state machine: the body after the prefix."""
+    length = message_length(message[: PREFIX.size])
+    assert len(message) == PREFIX.size + length
+    return message[PREFIX.size :]
+
+
+def handshake(dialer: Dialer, acceptor: Acceptor) -> list[bytes]:
+    """Run the four messages through both sides; return them as sent."""
+    hello = dialer.hello()
+    challenge = acceptor.on_hello(body(hello))
+    auth = dialer.on_challenge(body(challenge))
+    welcome = acceptor.on_auth(body(auth))
+    dialer.on_verdict(body(welcome))
+    return [hello, challenge, auth, welcome]
+
+
+def hello_fields(**overrides) -> dict:
+    fields = {"type": "HELLO", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 1, "nonce": NONCE_D}
+    fields.update(overrides)
+    return {k: v for k, v in fields.items() if v is not ...}
+
+
+def challenge_from(acceptor_rank: int, dialer_rank: int, **acceptor_kw) -> bytes:
+    """A genuine CHALLENGE body from an acceptor, answering a HELLO with NONCE_D."""
+    dialer = Dialer(me(dialer_rank, **acceptor_kw), expected_peer=acceptor_rank, nonce=NONCE_D)
+    return body(Acceptor(me(acceptor_rank, **acceptor_kw), nonce=NONCE_A).on_hello(body(dialer.hello())))
+
+
+def reference_mac(
+    role: bytes, first: bytes, second: bytes, dialer: int, acceptor: int, secret: bytes = SECRET
+) -> bytes:
+    """The MAC as the module docstring documents it, computed independently."""
+    message = b"|".join([role, first, second, JOB.encode(), f"{dialer}>{acceptor}".encode()])
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+# -- success -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dialer_rank", "acceptor_rank"), [(d, a) for d in range(3) for a in range(3) if d != a])
+def test_success_gives_acceptor_the_dialer_rank(dialer_rank: int, acceptor_rank: int) -> None:
+    acceptor = Acceptor(me(acceptor_rank, world=3))
+    assert acceptor.peer_rank == -1
+    messages = handshake(Dialer(me(dialer_rank, world=3), expected_peer=acceptor_rank), acceptor)
+    assert acceptor.peer_rank == dialer_rank
+    for message in messages:
+        assert SECRET not in message  # the secret never crosses the wire
+        assert len(message) <= PREFIX.size + MAX_HANDSHAKE_BYTES
+
+
+def test_messages_carry_the_documented_fields_and_macs() -> None:
+    hello, challenge, auth, welcome = handshake(
+        Dialer(me(2), expected_peer=0, nonce=NONCE_D), Acceptor(me(0), nonce=NONCE_A)
+    )
+    assert msgpack.unpackb(body(hello)) == hello_fields(rank=2)
+    assert msgpack.unpackb(body(challenge)) == {
+        "type": "CHALLENGE", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 0,
+        "nonce": NONCE_A, "mac": reference_mac(b"acceptor", NONCE_D, NONCE_A, dialer=2, acceptor=0),
+    }  # fmt: skip
+    assert msgpack.unpackb(body(auth)) == {
+        "type": "AUTH", "mac": reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=2, acceptor=0),
+    }  # fmt: skip
+    assert msgpack.unpackb(body(welcome)) == {"type": "WELCOME"}
+
+
+def test_fresh_nonces_by_default() -> None:
+    hellos = {msgpack.unpackb(body(Dialer(me(1), expected_peer=0).hello()))["nonce"] for _ in range(8)}
+    assert len(hellos) == 8 and all(len(n) >= 16 for n in hellos)
+
+
+# -- authentication --------------------------------------------------------------
+
+
+def test_acceptor_with_wrong_secret_is_refused_by_the_dialer() -> None:
+    dialer = Dialer(me(1), expected_peer=0)
+    acceptor = Acceptor(me(0, secret=b"another secret"))
+    challenge = acceptor.on_hello(body(dialer.hello()))
+    with pytest.raises(HandshakeError, match="rank 0 failed authentication"):
+        dialer.on_challenge(body(challenge))
+
+
+@pytest.mark.parametrize("forged", ["wrong secret", "zeros", "truncated"])
+def test_dialer_with_wrong_secret_is_refused_by_the_acceptor(forged: str) -> None:
+    # A dialer without the secret cannot pass the dialer's own check of the
+    # CHALLENGE, so it is played by hand: it answers with the MAC it can make.
+    acceptor = Acceptor(me(0), nonce=NONCE_A)
+    acceptor.on_hello(body(encode_message(hello_fields(rank=1))))
+    good = reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=1, acceptor=0)
+    mac = {
+        "wrong secret": reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=1, acceptor=0, secret=b"guess"),
+        "zeros": bytes(32),
+        "truncated": good[:16],
+    }[forged]
+    with pytest.raises(HandshakeError, match="claiming rank 1 failed authentication"):
+        acceptor.on_auth(body(encode_message({"type": "AUTH", "mac": mac})))
+    # The reference MAC itself is accepted, so the refusal above is about the MAC.
+    welcome = acceptor.on_auth(body(encode_message({"type": "AUTH", "mac": good})))
+    assert msgpack.unpackb(body(welcome)) == {"type": "WELCOME"}
+
+
+def test_replayed_auth_from_another_session_fails() -> None:
+    recorded = handshake(Dialer(me(1), expected_peer=0), Acceptor(me(0)))
+    hello, _, auth, _ = recorded
+    replay = Acceptor(me(0))  # a fresh session: a new acceptor nonce
+    replay.on_hello(body(hello))
+    with pytest.raises(HandshakeError, match="failed authentication"):
+        replay.on_auth(body(auth))
+
+
+def test_replayed_challenge_from_another_session_fails() -> None:
+    _, challenge, _, _ = handshake(Dialer(me(1), expected_peer=0), Acceptor(me(0)))
+    dialer = Dialer(me(1), expected_peer=0)  # a new dialer nonce
+    dialer.hello()
+    with pytest.raises(HandshakeError, match="failed authentication"):
+        dialer.on_challenge(body(challenge))
+
+
+def test_auth_for_another_rank_pair_fails() -> None:
+    # A genuine AUTH MAC of the pair 1>0 does not authenticate rank 2 on the same nonces.
+    acceptor = Acceptor(me(0), nonce=NONCE_A)
+    acceptor.on_hello(body(encode_message(hello_fields(rank=2))))
+    mac = reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=1, acceptor=0)
+    with pytest.raises(HandshakeError, match="failed authentication"):
+        acceptor.on_auth(body(encode_message({"type": "AUTH", "mac": mac})))
+
+
+def test_acceptor_mac_reflected_as_auth_fails() -> None:
+    # Sending the acceptor's own CHALLENGE MAC back as AUTH proves nothing.
+    acceptor = Acceptor(me(0), nonce=NONCE_A)
+    challenge = msgpack.unpackb(body(acceptor.on_hello(body(encode_message(hello_fields(rank=1))))))
+    with pytest.raises(HandshakeError, match="failed authentication"):
+        acceptor.on_auth(body(encode_message({"type": "AUTH", "mac": challenge["mac"]})))
+
+
+def test_auth_before_hello_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="AUTH before HELLO"):
+        Acceptor(me(0)).on_auth(body(encode_message({"type": "AUTH", "mac": bytes(32)})))
+
+
+# -- who is calling ----------------------------------------------------------------
+
+
+def test_wrong_job_refused_by_acceptor() -> None:
+    dialer = Dialer(me(1, job="other-job"), expected_peer=0)
+    with pytest.raises(HandshakeError, match="job id mismatch.*'job-42'.*'other-job'"):
+        Acceptor(me(0)).on_hello(body(dialer.hello()))
+
+
+def test_wrong_job_refused_by_dialer() -> None:
+    challenge = challenge_from(0, 1, job="other-job")
+    with pytest.raises(HandshakeError, match="job id mismatch"):
+        Dialer(me(1), expected_peer=0, nonce=NONCE_D).on_challenge(challenge)
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ({"version": PROTOCOL_VERSION + 1}, "protocol version mismatch"),
+        ({"version": 0}, "protocol version mismatch"),
+        ({"version": "1"}, "protocol version mismatch"),
+        ({"version": ...}, "protocol version mismatch"),
+        ({"magic": "http"}, "bad magic"),
+        ({"magic": MAGIC.encode()}, "bad magic"),
+        ({"magic": ...}, "bad magic"),
+        ({"job": ...}, "job id mismatch"),
+        ({"rank": WORLD}, "claims rank 4"),
+        ({"rank": -1}, "claims rank -1"),
+        ({"rank": 0}, "claims rank 0"),  # the acceptor's own rank
+        ({"rank": 2**63}, "claims rank 9223372036854775808"),
+        ({"rank": True}, "'rank' is missing or not int"),
+        ({"rank": "1"}, "'rank' is missing or not int"),
+        ({"rank": ...}, "'rank' is missing or not int"),
+        ({"nonce": NONCE_D[:15]}, "nonce too short"),
+        ({"nonce": "x" * 16}, "'nonce' is missing or not bytes"),
+        ({"nonce": ...}, "'nonce' is missing or not bytes"),
+        ({"type": "AUTH"}, "expected a HELLO"),
+        ({"type": ...}, "expected a HELLO"),
+    ],
+)
+def test_bad_hello_refused(override: dict, match: str) -> None:
+    acceptor = Acceptor(me(0))
+    acceptor.on_hello(body(encode_message(hello_fields())))  # the unmodified HELLO passes
+    acceptor = Acceptor(me(0))
+    with pytest.raises(HandshakeError, match=match):
+        acceptor.on_hello(body(encode_message(hello_fields(**override))))
+    assert acceptor.peer_rank == -1
+
+
+def _challenge_with(**overrides) -> bytes:
+    fields = msgpack.unpackb(challenge_from(0, 1))
+    fields.update(overrides)
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ({"version": PROTOCOL_VERSION + 1}, "protocol version mismatch"),
+        ({"magic": "nope"}, "bad magic"),
+        ({"rank": WORLD}, "claims rank 4"),
+        ({"rank": 1}, "claims rank 1"),  # the dialer's own rank
+        ({"rank": -3}, "claims rank -3"),
+        ({"mac": "x"}, "'mac' is missing or not bytes"),
+        ({"nonce": 5}, "'nonce' is missing or not bytes"),
+        ({"type": "WELCOME"}, "expected a CHALLENGE"),
+    ],
+)
+def test_bad_challenge_refused(override: dict, match: str) -> None:
+    Dialer(me(1), expected_peer=0, nonce=NONCE_D).on_challenge(_challenge_with())  # unmodified passes
+    with pytest.raises(HandshakeError, match=match):
+        Dialer(me(1), expected_peer=0, nonce=NONCE_D).on_challenge(_challenge_with(**override))
+
+
+def test_dialer_expecting_rank_1_refuses_rank_2() -> None:
+    challenge = challenge_from(acceptor_rank=2, dialer_rank=0)
+    with pytest.raises(HandshakeError, match="dialed rank 1 but rank 2 answered"):
+        Dialer(me(0), expected_peer=1, nonce=NONCE_D).on_challenge(challenge)
+
+
+# -- REJECT and length limits -----------------------------------------------------
+
+
+def test_reject_makes_the_dialer_raise_with_the_reason() -> None:
+    dialer = Dialer(me(1), expected_peer=0)
+    Acceptor(me(0)).on_hello(body(dialer.hello()))
+    reject = reject_message("rank 1 is already connected")
+    with pytest.raises(HandshakeError, match="connection refused by the peer: rank 1 is already connected"):
+        dialer.on_verdict(body(reject))
+    with pytest.raises(HandshakeError, match="refused by the peer: rank 1 is already connected"):
+        dialer.on_challenge(body(reject))
+    assert decode_message(body(reject), "REJECT") == {"type": "REJECT", "reason": "rank 1 is already connected"}
+
+
+def test_verdict_must_be_welcome() -> None:
+    with pytest.raises(HandshakeError, match="expected a WELCOME"):
+        Dialer(me(1), expected_peer=0).on_verdict(body(encode_message({"type": "AUTH"})))
+
+
+@pytest.mark.parametrize("length", [MAX_HANDSHAKE_BYTES + 1, 2**32 - 1])
+def test_oversized_length_prefix(length: int) -> None:
+    with pytest.raises(FrameTooLargeError, match=str(length)):
+        message_length(PREFIX.pack(length))
+
+
+def test_length_prefix_limits() -> None:
+    assert message_length(PREFIX.pack(MAX_HANDSHAKE_BYTES)) == MAX_HANDSHAKE_BYTES
+    assert message_length(PREFIX.pack(0)) == 0
+    # A stranger speaking HTTP fails on its first four bytes.
+    with pytest.raises(FrameTooLargeError, match="not an asyncdist peer"):
+        message_length(b"GET ")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\xc1", msgpack.packb([1, 2]), msgpack.packb("HELLO"), msgpack.packb(hello_fields())[:-1],
+     msgpack.packb({"type": "HELLO", "pad": "x" * 2000})],
+)  # fmt: skip
+def test_malformed_message(raw: bytes) -> None:
+    with pytest.raises(HandshakeError, match="malformed handshake message"):
+        decode_message(raw, "HELLO")
+
+
+# -- fuzz ----------------------------------------------------------------------
+
+_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False),
+    st.text(max_size=20), st.binary(max_size=40), st.sampled_from([MAGIC, JOB, PROTOCOL_VERSION, 0, 1, 2, 3]),
+)  # fmt: skip
+_fields = st.dictionaries(
+    st.sampled_from(["type", "magic", "version", "job", "rank", "nonce", "mac", "reason", "x"]), _values, max_size=8
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=120))
+def test_fuzz_bytes_into_on_hello(raw: bytes) -> None:
+    try:
+        Acceptor(me(0)).on_hello(raw)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=120))
+def test_fuzz_bytes_into_on_challenge(raw: bytes) -> None:
+    with pytest.raises(ProtocolError):  # no bytes without the secret can pass
+        Dialer(me(1), expected_peer=0).on_challenge(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_fields)
+def test_fuzz_fields_into_on_hello(fields: dict) -> None:
+    fields = hello_fields() | fields  # a valid HELLO with some fields replaced or added
+    valid = (
+        fields["type"] == "HELLO"
+        and fields["magic"] == MAGIC
+        and fields["version"] == PROTOCOL_VERSION  # see test_version_must_be_the_int_1
+        and fields["job"] == JOB
+        and type(fields["rank"]) is int
+        and 0 < fields["rank"] < WORLD
+        and type(fields["nonce"]) is bytes
+        and len(fields["nonce"]) >= 16
+    )
+    acceptor = Acceptor(me(0))
+    try:
+        acceptor.on_hello(msgpack.packb(fields, use_bin_type=True))
+    except ProtocolError:
+        assert not valid
+        assert acceptor.peer_rank == -1
+    else:  # a HELLO carries no proof, so any well-formed one is answered
+        assert valid
+        assert acceptor.peer_rank == fields["rank"]
+
+
+@pytest.mark.parametrize("version", [True, 1.0])
+def test_version_must_be_the_int_1(version: object) -> None:
+    with pytest.raises(HandshakeError, match="protocol version mismatch"):
+        Acceptor(me(0)).on_hello(body(encode_message(hello_fields(version=version))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_fields)
+def test_fuzz_fields_into_on_challenge(fields: dict) -> None:
+    fields = {"type": "CHALLENGE", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 0} | fields
+    with pytest.raises(ProtocolError):
+        Dialer(me(1), expected_peer=0).on_challenge(msgpack.packb(fields, use_bin_type=True))
