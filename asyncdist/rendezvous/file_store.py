@@ -41,7 +41,8 @@ from typing import Callable, Iterator
 import msgpack
 
 from ..errors import ClosedError, InvalidArgumentError, StoreError
-from .store import Store, apply_add, apply_compare_set
+from .store import Store
+from .store_rules import apply_add, apply_compare_set
 
 __all__ = ["FileStore"]
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 
-from .store import Store, apply_add, apply_compare_set
+from .store import Store
+from .store_rules import apply_add, apply_compare_set
 
 __all__ = ["HashStore"]
 

@@ -8,151 +8,55 @@ unchanged.
 
 This module owns:
 
-* :class:`Store`, the base class. Its public methods validate arguments, refuse
-  calls after :meth:`Store.close` with :class:`~asyncdist.errors.ClosedError`,
-  turn a subclass's "timed out" answer into a
-  :class:`~asyncdist.errors.StoreTimeoutError` naming the keys and the timeout,
-  and provide ``async_*`` twins for callers on an event loop. Subclasses only
-  implement the small ``_``-prefixed hooks.
-* :func:`apply_add` and :func:`apply_compare_set`, the two read-modify-write rules,
-  written once and used by every concrete store (and by the TCP store's server).
+* :class:`Store`, the base class. Its public methods validate arguments (with
+  the rules of :mod:`.store_rules`), refuse calls after :meth:`Store.close` with
+  :class:`~asyncdist.errors.ClosedError`, turn a subclass's "timed out" answer
+  into a :class:`~asyncdist.errors.StoreTimeoutError` naming the keys and the
+  timeout, and provide ``async_*`` twins for callers on an event loop.
+  Subclasses only implement the small ``_``-prefixed hooks.
 * :class:`PrefixStore`, which namespaces keys over another store.
+* :data:`DEFAULT_TIMEOUT` and :data:`STORE_EXECUTOR`.
+
+It must not know how any concrete store holds its data (dict, file, server), nor
+what ``add`` and ``compare_set`` compute: those rules are in :mod:`.store_rules`,
+which every concrete store applies to its own data.
 
 Invariants: keys are ``str``; values are stored and returned as ``bytes`` (a
-``str`` value is UTF-8 encoded); counters written by ``add`` are ASCII decimal.
-The synchronous methods block the calling thread (they are torch's API); the
-``async_*`` twins run them on :data:`STORE_EXECUTOR`, a pool dedicated to store
-calls so that many ranks waiting in one loop never starve each other or the
-loop's default executor.
+``str`` value is UTF-8 encoded); counters written by ``add`` are ASCII decimal;
+hooks see only arguments already normalised. The synchronous methods block the
+calling thread (they are torch's API); the ``async_*`` twins run them on
+:data:`STORE_EXECUTOR`, a pool dedicated to store calls so that many ranks
+waiting in one loop never starve each other or the loop's default executor.
 """
 
 from __future__ import annotations
 
 import asyncio
-import operator
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import ClosedError, InvalidArgumentError, StoreTimeoutError
+from .store_rules import as_amount, as_key, as_keys, as_value, timeout_seconds
 
+# timeout_seconds is re-exported: callers normalise timeouts as Store does.
 __all__ = [
     "DEFAULT_TIMEOUT",
-    "MAX_TIMEOUT_S",
     "STORE_EXECUTOR",
     "PrefixStore",
     "Store",
-    "apply_add",
-    "apply_compare_set",
     "timeout_seconds",
 ]
 
 #: torch's default store timeout (``kDefaultTimeout``, 300 s).
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 
-#: Longer timeouts (``timedelta.max``, ``inf``) are cut to this many seconds (a
-#: year): lock and socket timeouts overflow somewhere past 2**63 ns.
-MAX_TIMEOUT_S = 365 * 24 * 3600.0
-
 #: Threads that run the ``async_*`` twins. 64, because every blocked ``async_get``
 #: or ``async_wait`` holds a thread until its keys appear: 8 ranks in one loop each
 #: waiting on a few keys must all fit, with room to spare for the calls that would
 #: wake them. Threads are started on demand, so an idle pool costs nothing.
 STORE_EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="asyncdist-store")
-
-
-# What C's stoll accepts (torch parses counters with it): "12x" reads as 12.
-_STOLL = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-def timeout_seconds(timeout: timedelta | float | None, default: float) -> float:
-    """Normalise a torch-style timeout to seconds.
-
-    Args:
-        timeout: a ``timedelta``, a number of seconds, or ``None``.
-        default: seconds to use when ``timeout`` is ``None``.
-
-    Returns:
-        The timeout in seconds, a float in ``[0, MAX_TIMEOUT_S]``.
-
-    Raises:
-        InvalidArgumentError: ``timeout`` is negative or not a duration.
-    """
-    if timeout is None:
-        return float(default)
-    if isinstance(timeout, timedelta):
-        seconds = timeout.total_seconds()
-    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        seconds = float(timeout)
-    else:
-        raise InvalidArgumentError(
-            f"store timeout must be a timedelta or seconds, not {type(timeout).__name__}"
-        )
-    if not seconds >= 0:  # also refuses NaN
-        raise InvalidArgumentError(f"store timeout must be >= 0 seconds, got {seconds}")
-    return min(seconds, MAX_TIMEOUT_S)
-
-
-def apply_add(key: str, current: bytes | None, amount: int) -> int:
-    """The ``add`` rule: the new value of ``key`` (store it as ``str(n)`` in ASCII).
-
-    A missing or empty value counts as 0. Otherwise the value is read as C's
-    ``stoll`` reads it, as torch does: leading whitespace, an optional sign and
-    digits, anything after them ignored. Raises :class:`InvalidArgumentError` when
-    no digits lead the value (torch raises ``ValueError`` there), or when the
-    sum leaves the int64 range torch's counters have.
-    """
-    match = _STOLL.match(current) if current else None
-    if current and match is None:
-        raise InvalidArgumentError(
-            f"add: the value of key {key!r} is not an integer: {current[:40]!r}"
-        )
-    total = (int(match.group(1)) if match else 0) + amount
-    if not _INT64_MIN <= total <= _INT64_MAX:
-        raise InvalidArgumentError(f"add: key {key!r} would leave the int64 range: {total}")
-    return total
-
-
-def apply_compare_set(
-    current: bytes | None, expected: bytes, desired: bytes
-) -> tuple[bytes | None, bytes]:
-    """torch's ``compare_set`` rule.
-
-    Returns:
-        ``(new_value, reply)``: ``new_value`` is what the key must be set to, or
-        ``None`` to leave the store unchanged; ``reply`` is what the call returns.
-        The key is set when it is missing and ``expected == b""``, or when it holds
-        ``expected``; otherwise a missing key answers ``expected`` and a present key
-        answers its current value.
-    """
-    if (current is None and expected == b"") or current == expected:
-        return desired, desired
-    if current is None:
-        return None, expected
-    return None, current
-
-
-def _key(key: Any) -> str:
-    if not isinstance(key, str):
-        raise InvalidArgumentError(f"store keys must be str, not {type(key).__name__}")
-    return key
-
-
-def _keys(keys: Iterable[str]) -> list[str]:
-    if isinstance(keys, (str, bytes)) or not hasattr(keys, "__iter__"):
-        raise InvalidArgumentError(f"store keys must be a list of str, not {type(keys).__name__}")
-    return [_key(k) for k in keys]
-
-
-def _value(value: Any) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    raise InvalidArgumentError(f"store values must be str or bytes, not {type(value).__name__}")
 
 
 class Store:
@@ -188,7 +92,7 @@ class Store:
 
     def set(self, key: str, value: str | bytes) -> None:
         """Set ``key`` to ``value`` (``str`` is stored UTF-8 encoded)."""
-        key, value = _key(key), _value(value)
+        key, value = as_key(key), as_value(value)
         self._ensure_open("set")
         self._set(key, value)
 
@@ -199,7 +103,7 @@ class Store:
             StoreTimeoutError: ``key`` was not set within :attr:`timeout`.
             ClosedError: the store is, or was meanwhile, closed.
         """
-        key = _key(key)
+        key = as_key(key)
         self._ensure_open("get")
         timeout = self.timeout.total_seconds()
         value = self._get(key, timeout)
@@ -216,15 +120,7 @@ class Store:
         Returns:
             The new value. The stored value is its ASCII decimal form.
         """
-        key = _key(key)
-        try:
-            amount = operator.index(amount)
-        except TypeError:
-            raise InvalidArgumentError(
-                f"add: amount must be an int, not {type(amount).__name__}"
-            ) from None
-        if not _INT64_MIN <= amount <= _INT64_MAX:
-            raise InvalidArgumentError(f"add: amount {amount} is outside the int64 range")
+        key, amount = as_key(key), as_amount(amount)
         self._ensure_open("add")
         return self._add(key, amount)
 
@@ -235,10 +131,10 @@ class Store:
 
         A missing key matches ``expected_value == ""``. Returns ``desired_value``
         when the key was set, else the current value, or ``expected_value`` when
-        the key is missing (torch's rule, see :func:`apply_compare_set`).
+        the key is missing (torch's rule: :func:`.store_rules.apply_compare_set`).
         """
-        key = _key(key)
-        expected, desired = _value(expected_value), _value(desired_value)
+        key = as_key(key)
+        expected, desired = as_value(expected_value), as_value(desired_value)
         self._ensure_open("compare_set")
         return self._compare_set(key, expected, desired)
 
@@ -253,7 +149,7 @@ class Store:
             StoreTimeoutError: names the keys still missing at the deadline.
             ClosedError: the store is, or was meanwhile, closed.
         """
-        keys = _keys(keys)
+        keys = as_keys(keys)
         seconds = timeout_seconds(timeout, self.timeout.total_seconds())
         self._ensure_open("wait")
         missing = self._wait(keys, seconds)
@@ -266,13 +162,13 @@ class Store:
 
     def check(self, keys: list[str]) -> bool:
         """Return whether every key in ``keys`` is set, without waiting."""
-        keys = _keys(keys)
+        keys = as_keys(keys)
         self._ensure_open("check")
         return self._check(keys)
 
     def delete_key(self, key: str) -> bool:
         """Delete ``key``; return whether it existed."""
-        key = _key(key)
+        key = as_key(key)
         self._ensure_open("delete_key")
         return self._delete_key(key)
 

@@ -21,12 +21,8 @@ import pytest
 from asyncdist.errors import ClosedError, InvalidArgumentError, StoreError, StoreTimeoutError
 from asyncdist.rendezvous.file_store import FileStore
 from asyncdist.rendezvous.hash_store import HashStore
-from asyncdist.rendezvous.store import (
-    PrefixStore,
-    Store,
-    apply_compare_set,
-    timeout_seconds,
-)
+from asyncdist.rendezvous.store import PrefixStore, Store
+from asyncdist.rendezvous.store_rules import apply_compare_set, timeout_seconds
 from asyncdist.rendezvous.tcp_store import TCPStore
 
 KINDS = ["hash", "file", "tcp", "prefix"]

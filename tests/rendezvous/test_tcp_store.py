@@ -17,7 +17,7 @@ import msgpack
 import pytest
 
 from asyncdist.errors import FrameTooLargeError, ProtocolError, StoreError, StoreTimeoutError
-from asyncdist.rendezvous.tcp_store import (
+from asyncdist.rendezvous.tcp_protocol import (
     MAX_FRAME_BYTES,
     OP_GET,
     OP_SET,
@@ -25,11 +25,11 @@ from asyncdist.rendezvous.tcp_store import (
     STATUS_OK,
     STATUS_TIMEOUT,
     FrameDecoder,
-    TCPStore,
     decode_request,
     decode_response,
     encode_frame,
 )
+from asyncdist.rendezvous.tcp_store import TCPStore
 
 
 def _server_threads() -> list[threading.Thread]:

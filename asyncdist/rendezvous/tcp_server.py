@@ -1,0 +1,308 @@
+"""The TCP store's server: the keys and their waiters, on an event loop of its own.
+
+The master's :class:`~asyncdist.rendezvous.tcp_store.TCPStore` starts a
+:class:`StoreServer`, which runs an asyncio server on a new event loop in a
+daemon thread named ``asyncdist-tcpstore``. This module owns that thread, the
+listening socket, the connections, the dict, the per-key waiters, the count of
+joined workers, and the registry of servers shared by ``multi_tenant`` masters.
+
+It must not know the frame format (:mod:`.tcp_protocol` decodes and encodes),
+what ``add`` and ``compare_set`` compute (:mod:`.store_rules`), or anything of
+the client side.
+
+Invariants:
+
+* Everything but :meth:`StoreServer.stop`, :func:`open_server` and
+  :func:`release_server` runs on the server's loop thread.
+* Nothing polls. A ``get``/``wait`` on a missing key parks a future on that key
+  and is woken by the write that sets it, or answers ``STATUS_TIMEOUT`` at the
+  deadline the client sent.
+* Each connection serves one request at a time, in order; a connection that
+  closes mid-wait cancels its request, whose ``finally`` removes its waiter, so
+  no waiter outlives its client.
+* A malformed frame, or more than :data:`_MAX_PIPELINED` queued requests, closes
+  that connection only, logged on ``asyncdist.store``; the server serves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from ..errors import InvalidArgumentError, ProtocolError, StoreError
+from .store_rules import apply_add, apply_compare_set
+from .tcp_protocol import (
+    OP_ADD,
+    OP_CHECK,
+    OP_COMPARE_SET,
+    OP_DELETE,
+    OP_GET,
+    OP_JOIN,
+    OP_NUM_KEYS,
+    OP_SET,
+    OP_WAIT,
+    STATUS_INVALID,
+    STATUS_OK,
+    STATUS_TIMEOUT,
+    FrameDecoder,
+    decode_request,
+    encode_frame,
+)
+
+__all__ = ["StoreServer", "open_server", "release_server"]
+
+logger = logging.getLogger("asyncdist.store")
+
+_MAX_PIPELINED = 64  # requests queued on one connection before it is refused
+_WORKERS = object()  # the waiter key of wait_for_workers
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: frames in, one request served at a time, replies out."""
+
+    def __init__(self, server: StoreServer) -> None:
+        self._server = server
+        self._decoder = FrameDecoder()
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._task: asyncio.Task | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport: asyncio.Transport = transport  # type: ignore[assignment]
+        self._peer = transport.get_extra_info("peername")
+        self._server.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._pending.extend(self._decoder.feed(data))
+            if len(self._pending) > _MAX_PIPELINED:
+                raise ProtocolError(f"more than {_MAX_PIPELINED} requests queued")
+        except ProtocolError as exc:
+            self.drop(exc)
+            return
+        if self._task is None and self._pending:
+            self._task = asyncio.get_running_loop().create_task(self._serve())
+
+    async def _serve(self) -> None:
+        try:
+            while self._pending:
+                await self._writable.wait()
+                op, args = decode_request(self._pending.popleft())
+                reply = await self._server.handle(op, args)
+                self._transport.write(encode_frame(reply))
+        except ProtocolError as exc:
+            self.drop(exc)
+        except Exception as exc:  # a bug must not take the server down
+            logger.exception("TCPStore server: error serving %s", self._peer)
+            self.drop(exc)
+        finally:
+            self._task = None
+
+    def drop(self, exc: BaseException) -> None:
+        logger.warning("TCPStore server: closing the connection from %s: %s", self._peer, exc)
+        self._transport.abort()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        if self._task is not None:
+            self._task.cancel()  # its finally removes its waiter
+        self._writable.set()
+        self.lost.set_result(None)
+
+
+class StoreServer:
+    """The keys and their waiters, served on ``sock`` by an event loop in a daemon thread.
+
+    The constructor returns once the server is listening; :meth:`stop` ends it.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.port: int = sock.getsockname()[1]
+        self.tenants = 1  # TCPStores of this process sharing it (multi_tenant)
+        self.connections: set[_Connection] = set()
+        self._data: dict[str, bytes] = {}
+        self._waiters: dict[Hashable, set[asyncio.Future]] = {}
+        self._workers = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="asyncdist-tcpstore", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._start(sock))
+        except BaseException:
+            sock.close()
+            self.stop()
+            raise
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _start(self, sock: socket.socket) -> None:
+        self._listener = await self._loop.create_server(lambda: _Connection(self), sock=sock)
+
+    async def _stop(self) -> None:
+        self._listener.close()
+        connections = list(self.connections)
+        tasks = [c._task for c in connections if c._task is not None]
+        for c in connections:
+            c._transport.abort()
+        await asyncio.gather(*(c.lost for c in connections))
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._listener.wait_closed()
+
+    def stop(self) -> None:
+        """Close every connection and the listener, and end the thread (any thread)."""
+        if not self._thread.is_alive():
+            return
+        if hasattr(self, "_listener"):
+            self._call(self._stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    # -- requests (loop thread) -------------------------------------------
+
+    def _notify(self, key: Hashable) -> None:
+        for future in self._waiters.pop(key, ()):
+            if not future.done():
+                future.set_result(None)
+
+    async def _until(self, ready: Callable[[], bool], watch: Callable[[], Hashable],
+                     timeout: float) -> bool:
+        """Wait until ``ready()``, parked on the key ``watch()`` names; False at the deadline."""
+        deadline = self._loop.time() + timeout
+        while not ready():
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return False
+            key = watch()
+            future = self._loop.create_future()
+            waiters = self._waiters.setdefault(key, set())
+            waiters.add(future)
+            try:
+                await asyncio.wait((future,), timeout=remaining)
+            finally:
+                waiters.discard(future)
+                if not waiters and self._waiters.get(key) is waiters:
+                    del self._waiters[key]
+        return True
+
+    def _missing(self, keys: list[str]) -> list[str]:
+        return [k for k in keys if k not in self._data]
+
+    async def handle(self, op: int, args: list) -> list:
+        """Serve one decoded request; return the reply ``[status, value]``."""
+        data = self._data
+        if op == OP_SET:
+            data[args[0]] = args[1]
+            self._notify(args[0])
+            return [STATUS_OK, None]
+        if op in (OP_GET, OP_WAIT):
+            keys = [args[0]] if op == OP_GET else args[0]
+            if not await self._until(lambda: not self._missing(keys),
+                                     lambda: self._missing(keys)[0], args[1]):
+                return [STATUS_TIMEOUT, self._missing(keys)]
+            return [STATUS_OK, data[args[0]] if op == OP_GET else None]
+        if op == OP_ADD:
+            try:
+                value = apply_add(args[0], data.get(args[0]), args[1])
+            except InvalidArgumentError as exc:
+                return [STATUS_INVALID, str(exc)]
+            data[args[0]] = str(value).encode()
+            self._notify(args[0])
+            return [STATUS_OK, value]
+        if op == OP_COMPARE_SET:
+            new, reply = apply_compare_set(data.get(args[0]), args[1], args[2])
+            if new is not None:
+                data[args[0]] = new
+                self._notify(args[0])
+            return [STATUS_OK, reply]
+        if op == OP_CHECK:
+            return [STATUS_OK, not self._missing(args[0])]
+        if op == OP_DELETE:
+            return [STATUS_OK, data.pop(args[0], None) is not None]
+        if op == OP_NUM_KEYS:
+            return [STATUS_OK, len(data)]
+        if op == OP_JOIN:
+            self._workers += 1
+            self._notify(_WORKERS)
+            return [STATUS_OK, self._workers]
+        # OP_WAIT_WORKERS (decode_request admits no other op)
+        ok = await self._until(lambda: self._workers >= args[0], lambda: _WORKERS, args[1])
+        return [STATUS_OK if ok else STATUS_TIMEOUT, self._workers]
+
+
+def _listen(host: str, port: int, listen_fd: int | None) -> socket.socket:
+    """Bind and listen on one socket (one port even for names with several addresses),
+    or adopt the listening socket ``listen_fd``."""
+    try:
+        if listen_fd is not None:
+            return socket.socket(fileno=listen_fd)
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host or "0.0.0.0", port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+            sock.listen(1024)
+        except BaseException:
+            sock.close()
+            raise
+    except OSError as exc:
+        raise StoreError(f"TCPStore: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+# -- servers shared by multi_tenant masters of this process, by port (as torch does)
+
+_TENANTS: dict[int, StoreServer] = {}
+_TENANTS_LOCK = threading.Lock()
+
+
+def open_server(host: str, port: int, listen_fd: int | None, multi_tenant: bool) -> StoreServer:
+    """Start a server on ``host:port`` (or on ``listen_fd``), or share one (any thread).
+
+    A ``multi_tenant`` caller gets the running multi-tenant server of ``port`` when
+    there is one, and becomes one more of its tenants. Pair each call with one
+    :func:`release_server`.
+
+    Raises:
+        StoreError: cannot listen on ``host:port``.
+    """
+    with _TENANTS_LOCK:
+        server = _TENANTS.get(port) if multi_tenant else None
+        if server is not None:
+            server.tenants += 1
+            return server
+        server = StoreServer(_listen(host, port, listen_fd))
+        if multi_tenant:
+            _TENANTS[server.port] = server
+        return server
+
+
+def release_server(server: StoreServer) -> None:
+    """Drop one tenant of ``server``; the last one stops it (any thread)."""
+    with _TENANTS_LOCK:
+        server.tenants -= 1
+        if server.tenants > 0:
+            return
+        if _TENANTS.get(server.port) is server:
+            del _TENANTS[server.port]
+    server.stop()
