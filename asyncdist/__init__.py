@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from . import errors
 from .facade import (
-    barrier,
     destroy_process_group,
     get_backend,
     get_rank,
@@ -31,7 +30,47 @@ from .facade import (
     recv,
     send,
 )
-from .group import ProcessGroup
+from .facade_batch import P2POp, batch_isend_irecv
+from .facade_collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_single,
+    all_reduce,
+    all_reduce_coalesced,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    monitored_barrier,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+    scatter,
+)
+from .facade_groups import (
+    GroupMember,
+    group,
+    get_global_rank,
+    get_group_rank,
+    get_node_local_rank,
+    get_process_group_ranks,
+    is_torchelastic_launched,
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+)
+from .facade_objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
+from .process_group import ProcessGroup
+from .ops import ReduceOp
 from .rendezvous.file_store import FileStore
 from .rendezvous.hash_store import HashStore
 from .rendezvous.store import PrefixStore, Store
@@ -62,5 +101,39 @@ __all__ = [
     "recv",
     "isend",
     "irecv",
+    "batch_isend_irecv",
+    "P2POp",
+    "ReduceOp",
+    "broadcast",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "all_to_all",
+    "all_to_all_single",
     "barrier",
+    "monitored_barrier",
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+    "GroupMember",
+    "group",
+    "new_group",
+    "new_subgroups",
+    "new_subgroups_by_enumeration",
+    "get_group_rank",
+    "get_global_rank",
+    "get_process_group_ranks",
+    "get_node_local_rank",
+    "is_torchelastic_launched",
 ]

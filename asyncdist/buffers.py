@@ -115,6 +115,16 @@ class HostBuffer:
         """Number of elements (1 for a 0-d buffer)."""
         return math.prod(self.shape)
 
+    def elements(self, start: int, stop: int) -> HostBuffer:
+        """Elements ``[start, stop)`` as a flat buffer over the same memory."""
+        size = ITEMSIZES[self.dtype]
+        return HostBuffer(self.view[start * size : stop * size], self.dtype, (stop - start,))
+
+
+def scratch_buffer(dtype: str, numel: int) -> HostBuffer:
+    """A new, uninitialised, writable flat buffer of ``numel`` elements."""
+    return HostBuffer(memoryview(np.empty(numel * ITEMSIZES[dtype], np.uint8)), dtype, (numel,))
+
 
 def as_host_buffer(obj: Any, *, writable: bool = False, name: str = "tensor") -> HostBuffer:
     """View ``obj``'s memory as a :class:`HostBuffer`, without copying.
@@ -153,6 +163,16 @@ def as_host_buffer(obj: Any, *, writable: bool = False, name: str = "tensor") ->
     return _from_buffer_protocol(obj, writable=writable, name=name)
 
 
+def signature(dtype: str, shape: tuple[int, ...]) -> str:
+    """The compact form of a dtype and shape, as collectives describe their calls.
+
+    Example:
+        >>> signature("float32", (4, 2))
+        'float32[4, 2]'
+    """
+    return f"{dtype}[{', '.join(str(d) for d in shape)}]"
+
+
 def describe(dtype: str, shape: tuple[int, ...]) -> str:
     """Describe a message or buffer for error messages.
 
@@ -162,11 +182,10 @@ def describe(dtype: str, shape: tuple[int, ...]) -> str:
         >>> describe("bool", ())
         'bool[] (1 bytes)'
     """
-    dims = ", ".join(str(d) for d in shape)
     itemsize = ITEMSIZES.get(dtype)
     if itemsize is None:  # a name from a peer that this version does not know
-        return f"{dtype}[{dims}] (unknown dtype)"
-    return f"{dtype}[{dims}] ({math.prod(shape) * itemsize} bytes)"
+        return f"{signature(dtype, shape)} (unknown dtype)"
+    return f"{signature(dtype, shape)} ({math.prod(shape) * itemsize} bytes)"
 
 
 def check_fits(

@@ -23,12 +23,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Mapping
+from collections import OrderedDict
+from typing import Iterable, Mapping
 
 import numpy as np
 
+from .abort import abort_header, error_from_abort
 from .buffers import HostBuffer, check_fits
-from .errors import BufferMismatchError, ClosedError, PeerLostError, ProtocolError, RendezvousError
+from .errors import (
+    AsyncDistError,
+    BufferMismatchError,
+    ClosedError,
+    CollectiveMismatchError,
+    PeerLostError,
+    ProtocolError,
+    RendezvousError,
+)
 from .handshake import Identity
 from .matching import Inbound, Matcher, PostedRecv
 from .transport.connect import accept_handshake, dial, open_listener
@@ -41,6 +51,8 @@ log = logging.getLogger("asyncdist.engine")
 
 # How long close() waits for queued frames to reach the kernel.
 _CLOSE_DRAIN_SECONDS = 10.0
+# Aborted calls remembered (so a receive posted after the ABORT fails too).
+_MAX_ABORTED_CALLS = 4096
 
 
 class _PeerSink:
@@ -90,6 +102,7 @@ class Engine:
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task] = set()
         self._all_connected: asyncio.Future | None = None
+        self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
         self._next_context = 0
         self.closed = False
         self.address: tuple[str, int] | None = None
@@ -194,30 +207,68 @@ class Engine:
         return connection.send_frame(encode_header(header), payload)
 
     def post_recv(
-        self, ctx: int, src: int | None, tag: int, buf: HostBuffer, sources: frozenset[int] = frozenset()
+        self,
+        ctx: int,
+        src: int | None,
+        tag: int,
+        buf: HostBuffer,
+        sources: frozenset[int] = frozenset(),
+        op: str | None = None,
     ) -> PostedRecv:
         """Start a receive; its ``future`` resolves to the matched message's Header.
 
-        ``src=None`` receives from any of ``sources``.
+        ``src=None`` receives from any of ``sources``. With ``op``, a message
+        sent from within another operation fails the receive with
+        :class:`CollectiveMismatchError` instead of being delivered.
         """
         if self.closed:
             raise ClosedError(f"rank {self.rank}: the process group is closed")
         assert self._loop is not None
-        recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources)
+        recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op)
         inbound = self._matcher.take_unexpected(ctx, src, tag)
         if inbound is not None:
             self._deliver_unexpected(inbound, recv)
             return recv
-        lost = self._lost_among((src,) if src is not None else sources)
-        if lost is not None:
-            recv.future.set_exception(lost)
+        failed = self._lost_among((src,) if src is not None else sources) or self._aborted.get((ctx, tag))
+        if failed is not None:
+            recv.future.set_exception(failed)
             return recv
         self._matcher.post(recv)
         return recv
 
+    def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
+        """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
+        later, and its messages, queued or still to come, are dropped."""
+        if (ctx, tag) in self._aborted:
+            return
+        self._aborted[(ctx, tag)] = error
+        if len(self._aborted) > _MAX_ABORTED_CALLS:
+            self._aborted.popitem(last=False)
+        self._matcher.drop_call(ctx, tag)
+        for recv in self._matcher.take_call(ctx, tag):
+            if not recv.future.done():
+                recv.future.set_exception(error)
+
+    def send_abort(self, ranks: Iterable[int], ctx: int, tag: int, error: BaseException) -> None:
+        """Tell ``ranks`` that call (ctx, tag) failed here with ``error`` (best effort)."""
+        frame = encode_header(abort_header(self.rank, ctx, tag, error))
+        for rank in ranks:
+            connection = self._connections.get(rank)
+            if connection is not None:
+                try:
+                    connection.send_frame(frame, None)
+                except PeerLostError:
+                    pass
+
     def cancel_recv(self, recv: PostedRecv) -> bool:
         """Withdraw a receive that has not matched yet; True if it was withdrawn."""
         return self._matcher.unpost(recv)
+
+    def take_stale(self, ctx: int, below_tag: int) -> Header | None:
+        """Consume a message of ``ctx`` with a tag below ``below_tag`` that no
+        receive matched; return its header (None if there is none)."""
+        inbound = self._matcher.take_stale(ctx, below_tag)
+        return inbound.header if inbound is not None else None
 
     def peer_error(self, rank: int) -> PeerLostError | None:
         """The error that ended the stream to ``rank``, if it has ended."""
@@ -235,6 +286,9 @@ class Engine:
         if header.kind == Kind.BYE:
             error = PeerLostError(f"rank {sink.rank} closed its process group", sink.rank)
             self._peer_lost(sink.rank, error, orderly=True)
+            return
+        if header.kind == Kind.ABORT:
+            self._call_aborted(header)
             return
         target = sink.current if header.nbytes else self._route(sink, header)
         sink.current = None
@@ -257,8 +311,12 @@ class Engine:
             recv.future.set_exception(error)  # the payload is read and dropped
             return Inbound(header, np.empty(header.nbytes, np.uint8))
         inbound = Inbound(header, np.empty(header.nbytes, np.uint8))
-        self._matcher.add_unexpected(inbound)
+        if (header.ctx, header.tag) not in self._aborted:  # else: read and dropped
+            self._matcher.add_unexpected(inbound)
         return inbound
+
+    def _call_aborted(self, header: Header) -> None:
+        self.fail_call(header.ctx, header.tag, error_from_abort(header))
 
     def _deliver_unexpected(self, inbound: Inbound, recv: PostedRecv) -> None:
         future = recv.future
@@ -273,7 +331,12 @@ class Engine:
             recv.buf.view[:] = memoryview(inbound.data)
             future.set_result(inbound.header)
 
-    def _misfit(self, header: Header, recv: PostedRecv) -> BufferMismatchError | None:
+    def _misfit(self, header: Header, recv: PostedRecv) -> AsyncDistError | None:
+        if recv.op is not None and header.op != recv.op:
+            return CollectiveMismatchError(
+                f"ranks disagree in collective call #{header.seq}: rank {self.rank} called {recv.op}, "
+                f"rank {header.src} called {header.op}"
+            )
         try:
             check_fits(
                 sent_dtype=header.dtype,

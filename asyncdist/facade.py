@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import AlreadyInitializedError, InvalidArgumentError, InvalidRankError, NotInitializedError
-from .group import ProcessGroup
+from .process_group import ProcessGroup
 from .loop_thread import LoopThread
 from .rendezvous.store import Store
 from .work import Work
@@ -37,7 +37,6 @@ __all__ = [
     "recv",
     "isend",
     "irecv",
-    "barrier",
 ]
 
 # Backend names a CPU script may pass; the part for CPU must be one of these.
@@ -138,8 +137,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     be called again afterwards.
     """
     world = _world()
-    if group is not None and group is not world:
-        _portal().run(group.close(), what="destroy_process_group()")
+    target = _group(group)
+    if target is not world:  # a subgroup: forget it (its sockets are the world's)
+        _portal().run(target.close(), what="destroy_process_group()")
         return
     portal = _portal()
     try:
@@ -174,8 +174,34 @@ def _portal() -> LoopThread:
     return _runtime.portal
 
 
-def _group(group: ProcessGroup | None) -> ProcessGroup:
-    return _world() if group is None else group
+#: What ``new_group`` returns on ranks outside the new group, as torch does
+#: (``GroupMember.NON_GROUP_MEMBER``); every facade call accepts it as ``group``.
+NON_GROUP_MEMBER = -100
+
+
+class _NotAMember:
+    """What :func:`_group` gives for ``NON_GROUP_MEMBER``: a group this rank is not in."""
+
+    rank = size = -1
+    ranks: tuple[int, ...] = ()
+    name = "NON_GROUP_MEMBER"
+
+    async def close(self) -> None:
+        return None
+
+
+_NOT_A_MEMBER = _NotAMember()
+
+
+def _group(group: ProcessGroup | int | None) -> ProcessGroup:
+    """The group a facade call works on: the world for None, a non-member
+    stand-in (``rank == -1``) for ``NON_GROUP_MEMBER``."""
+    if group is None:
+        return _world()
+    if type(group) is int and group == NON_GROUP_MEMBER:
+        _world()
+        return _NOT_A_MEMBER  # type: ignore[return-value]
+    return group
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:
@@ -304,19 +330,3 @@ def recv(
     if work is None:
         return -1
     return _group(group).ranks[work.value()]
-
-
-def barrier(group: ProcessGroup | None = None, async_op: bool = False, device_ids: Any = None) -> Work | None:
-    """Wait until every rank of ``group`` has entered the barrier.
-
-    With ``async_op=True`` return a Work instead of waiting.
-    """
-    g = _group(group)
-    if g.rank < 0:
-        return None
-    portal = _portal()
-    work = portal.call(lambda: Work(portal.loop.create_task(g.barrier()), f"barrier of group {g.name!r}"), what="barrier()")
-    if async_op:
-        return work
-    work.wait()
-    return None

@@ -37,6 +37,8 @@ class PostedRecv:
         buf: the destination buffer.
         sources: for ``src=None``, the global ranks that may send (the group's
             members), so that losing one of them can fail this receive.
+        op: for a collective, the description of the call; a message whose
+            sender was in another call does not fit (``None``: no check).
         future: completed by the engine with the matched :class:`Header`.
         order: posting order, for choosing between exact and any-source receives.
     """
@@ -47,6 +49,7 @@ class PostedRecv:
     buf: HostBuffer
     future: Any
     sources: frozenset[int] = frozenset()
+    op: str | None = None
     order: int = 0
 
 
@@ -154,6 +157,20 @@ class Matcher:
                 del self._unexpected_by_ctx_tag[(ctx, tag)]
         return inbound
 
+    def drop_call(self, ctx: int, tag: int) -> None:
+        """Forget every unexpected message of one call (ctx, tag)."""
+        for key in [k for k in self._unexpected if k[0] == ctx and k[2] == tag]:
+            while self._pop_unexpected(key) is not None:
+                pass
+
+    def take_stale(self, ctx: int, below_tag: int) -> Inbound | None:
+        """Remove and return an unexpected message in ``ctx`` whose tag is below
+        ``below_tag`` (a collective call that no receive of this rank expected)."""
+        for key in self._unexpected:
+            if key[0] == ctx and key[2] < below_tag:
+                return self._pop_unexpected(key)
+        return None
+
     # -- failures ----------------------------------------------------------
 
     def take_dependents(self, rank: int) -> list[PostedRecv]:
@@ -171,6 +188,14 @@ class Matcher:
                 self._posted_any[key] = keep
             else:
                 del self._posted_any[key]
+        return taken
+
+    def take_call(self, ctx: int, tag: int) -> list[PostedRecv]:
+        """Remove and return every posted receive of one call (ctx, tag)."""
+        taken: list[PostedRecv] = []
+        for key in [k for k in self._posted if k[0] == ctx and k[2] == tag]:
+            taken.extend(self._posted.pop(key))
+        taken.extend(self._posted_any.pop((ctx, tag), ()))
         return taken
 
     def take_all(self) -> list[PostedRecv]:

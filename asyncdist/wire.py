@@ -71,6 +71,7 @@ class Kind(IntEnum):
 
     DATA = 1  # a message for the matching engine
     BYE = 2  # orderly close: the sender will send nothing more
+    ABORT = 3  # the sender's collective call (ctx, tag) failed; op holds why
 
 
 @dataclass(slots=True)

@@ -21,6 +21,9 @@ from .errors import OperationTimeoutError, WrongThreadError
 
 __all__ = ["Work", "completed_future"]
 
+# Guards the lazy creation of a Work's event when several threads wait at once.
+_EVENT_LOCK = threading.Lock()
+
 
 def completed_future(loop: asyncio.AbstractEventLoop, result: Any = None) -> asyncio.Future:
     """A future that is already done with ``result`` (for operations that finished at once)."""
@@ -73,8 +76,8 @@ class Work:
         Any thread but the loop's own (blocking there would deadlock).
 
         Args:
-            timeout: a ``timedelta`` or seconds; ``None`` waits as long as the
-                operation's own timeout allows.
+            timeout: a ``timedelta`` or seconds; ``None`` or 0 (torch's "no
+                timeout") waits as long as the operation's own timeout allows.
 
         Raises:
             OperationTimeoutError: not completed within ``timeout``; the
@@ -89,9 +92,10 @@ class Work:
                     f"Work.wait() for {self._op} was called on the event loop's thread; use 'await work' there"
                 )
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-            event = threading.Event()
-            self._event = event
-            # The done-callback may have run before _event was set; it runs
+            if seconds == 0:  # torch: a zero timeout means no limit
+                seconds = None
+            event = self._waiter_event()
+            # The done-callback may have run before the event existed; it runs
             # only after the future is done, so check again.
             if not future.done() and not event.wait(seconds):
                 raise OperationTimeoutError(f"{self._op} did not complete within {seconds:g} s (Work.wait timeout)")
@@ -101,6 +105,13 @@ class Work:
         if error is not None:
             raise error
         return True
+
+    def _waiter_event(self) -> threading.Event:
+        """The one event every waiting thread shares (created on first use)."""
+        with _EVENT_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+            return self._event
 
     def is_completed(self) -> bool:
         """True once the operation has finished, successfully or not."""

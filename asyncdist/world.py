@@ -1,7 +1,7 @@
 """``init_world``: the entry point of the await API.
 
 It does what ``init_process_group`` does, as a coroutine on the caller's
-loop, and returns the world :class:`~asyncdist.group.ProcessGroup`
+loop, and returns the world :class:`~asyncdist.process_group.ProcessGroup`
 instead of hiding it in module state::
 
     world = await asyncdist.init_world("tcp://10.0.0.1:29500", rank=r, world_size=4)
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from .group import ProcessGroup
+from .process_group import ProcessGroup
 from .rendezvous.bootstrap import bootstrap
 from .rendezvous.init_method import resolve
 from .rendezvous.store import STORE_EXECUTOR, PrefixStore, Store

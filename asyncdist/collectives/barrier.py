@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..buffers import HostBuffer
 
 if TYPE_CHECKING:
-    from ..group import Channel
+    from ..channel import Channel
 
 __all__ = ["dissemination_barrier"]
 

@@ -272,3 +272,14 @@ async def test_a_stranger_on_the_port_is_refused_and_the_rank_carries_on() -> No
         got = np.zeros(2)
         await asyncio.gather(b.send(np.array([1.0, 2.0]), 0), a.recv(got, 1))
     np.testing.assert_array_equal(got, [1.0, 2.0])
+
+
+async def test_several_threads_can_wait_on_one_work() -> None:
+    async with local_world(2) as (a, b):
+        out = np.zeros(3)
+        receive = b.irecv(out, 0)
+        waiters = [asyncio.to_thread(receive.wait, 30.0) for _ in range(4)]
+        pending = asyncio.gather(*waiters)
+        await a.send(np.arange(3.0), 1)
+        assert await pending == [True] * 4
+    np.testing.assert_array_equal(out, np.arange(3.0))

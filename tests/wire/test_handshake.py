@@ -339,7 +339,8 @@ def test_fuzz_fields_into_on_hello(fields: dict) -> None:
     valid = (
         fields["type"] == "HELLO"
         and fields["magic"] == MAGIC
-        and fields["version"] == PROTOCOL_VERSION  # see test_version_must_be_the_int_1
+        and type(fields["version"]) is int  # see test_version_must_be_the_int_1
+        and fields["version"] == PROTOCOL_VERSION
         and fields["job"] == JOB
         and type(fields["rank"]) is int
         and 0 < fields["rank"] < WORLD

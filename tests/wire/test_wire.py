@@ -348,7 +348,7 @@ MALFORMED = {
     "ten fields": msgpack.packb(GOOD + [0]),
     "bin field": msgpack.packb(_with(5, b"uint8"), use_bin_type=True),
     "unknown kind 0": msgpack.packb(_with(0, 0)),
-    "unknown kind 3": msgpack.packb(_with(0, 3)),
+    "unknown kind 99": msgpack.packb(_with(0, 99)),
     "negative ctx": msgpack.packb(_with(1, -1)),
     "negative src": msgpack.packb(_with(2, -1)),
     "negative seq": msgpack.packb(_with(4, -1)),

@@ -17,20 +17,24 @@ import asyncio
 import inspect
 from typing import Any, Callable, Sequence
 
-from .buffers import HostBuffer, as_host_buffer
-from .collectives.barrier import dissemination_barrier
+from .buffers import as_host_buffer
+from .channel import Channel, wait_until
 from .engine import Engine
-from .errors import InvalidArgumentError, InvalidRankError, OperationTimeoutError
+from .errors import CollectiveMismatchError, InvalidArgumentError, InvalidRankError, OperationTimeoutError
+from .group_collectives import CollectiveMethods
+from .group_monitor import MonitorMethods
+from .group_objects import ObjectMethods
+from .group_subgroups import SubgroupMethods
 from .matching import PostedRecv
 from .wire import Header, Kind
 from .work import Work, completed_future
 
-__all__ = ["ProcessGroup", "Channel"]
+__all__ = ["ProcessGroup"]
 
 _INT64 = 1 << 63
 
 
-class ProcessGroup:
+class ProcessGroup(CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMethods):
     """A set of ranks that communicate; the world or a subgroup.
 
     Args:
@@ -60,6 +64,7 @@ class ProcessGroup:
         self._p2p_ctx = engine.new_context()
         self._coll_ctx = engine.new_context()
         self._seq = 0
+        self._open_calls: set[int] = set()  # collective calls numbered and not yet finished here
         self._others = frozenset(self.ranks) - {engine.rank}
         self._closers: list[Callable[[], Any]] = []
 
@@ -134,7 +139,7 @@ class ProcessGroup:
         """
         future, what = self._start_send(tensor, dst, tag)
         if future is not None:
-            await self._wait(future, self._deadline(), what)
+            await self._wait(future, what)
 
     def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[asyncio.Future | None, str]:
         peer = self._peer(dst, "dst")
@@ -162,7 +167,7 @@ class ProcessGroup:
             PeerLostError, OperationTimeoutError: as for :meth:`send`.
         """
         recv, what = self._start_recv(tensor, src, tag)
-        header = await self._wait(recv.future, self._deadline(), what, lambda: self._engine.cancel_recv(recv))
+        header = await self._wait(recv.future, what, lambda: self._engine.cancel_recv(recv))
         return self._group_rank_of[header.src]
 
     def _start_recv(self, tensor: Any, src: int | None, tag: int) -> tuple[PostedRecv, str]:
@@ -175,54 +180,59 @@ class ProcessGroup:
         who = "any rank" if src is None else f"rank {src}"
         return recv, f"recv from {who} (tag {tag}, group {self.name!r})"
 
-    # -- collectives -------------------------------------------------------------
+    # -- collectives (the methods are in group_collectives) ------------------------
 
     def channel(self, op: str) -> Channel:
-        """Open the channel of the next collective call (each member must call
-        collectives in the same order); ``op`` describes the call."""
-        self._check_member()
-        self._seq += 1
-        return Channel(self, self._seq, op, self._deadline())
+        """Open the channel of the next collective call; ``op`` describes the call.
 
-    async def barrier(self) -> None:
-        """Return once every member has entered the barrier."""
-        await dissemination_barrier(self.channel("barrier"))
+        Every member must make its collective calls in the same order: the
+        n-th call of each rank is matched with the n-th of the others.
+        """
+        self._check_member()
+        # A message of a call that this rank has closed, and that no receive
+        # took, means the ranks disagreed about that call. Calls still open
+        # here (numbered, not finished) may legitimately have early messages.
+        stale = self._engine.take_stale(self._coll_ctx, min(self._open_calls, default=self._seq + 1))
+        self._seq += 1
+        self._open_calls.add(self._seq)
+        channel = Channel(
+            self._engine, self.ranks, self.rank, ctx=self._coll_ctx, seq=self._seq, op=op,
+            timeout=self.timeout, group_name=self.name, on_close=self._open_calls.discard,
+        )
+        if stale is not None:
+            error = CollectiveMismatchError(
+                f"rank {self._engine.rank}: rank {stale.src} sent a message for {stale.op} (call #{stale.seq} in "
+                f"group {self.name!r}) that no call of this rank expected; the ranks disagreed about that call"
+            )
+            channel.fail(error)  # the other members of this call learn of it now
+            self._open_calls.discard(self._seq)
+            raise error
+        return channel
 
     # -- timeouts ------------------------------------------------------------------
 
-    def _deadline(self) -> float:
-        return asyncio.get_running_loop().time() + self.timeout
+    def _timeout_error(self, what: str):
+        def make() -> Exception:
+            return OperationTimeoutError(f"rank {self._engine.rank}: {what} did not complete within {self.timeout:g} s")
 
-    async def _wait(
-        self, future: asyncio.Future, deadline: float, what: str, withdraw: Callable[[], Any] | None = None
-    ) -> Any:
-        """Await ``future`` until ``deadline``; on expiry or cancellation withdraw the operation."""
-        if future.done():
-            return future.result()
-        loop = asyncio.get_running_loop()
-        handle = loop.call_at(deadline, self._expire, future, what, withdraw)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if withdraw is not None:
-                withdraw()
-            raise
-        finally:
-            handle.cancel()
+        return make
+
+    async def _wait(self, future: asyncio.Future, what: str, withdraw: Callable[[], Any] | None = None) -> Any:
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        return await wait_until(future, deadline, self._timeout_error(what), withdraw)
 
     def _arm_timeout(self, future: asyncio.Future, what: str, withdraw: Callable[[], Any] | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        handle = loop.call_later(self.timeout, self._expire, future, what, withdraw)
-        future.add_done_callback(lambda _: handle.cancel())
+        """Fail ``future`` (a Work's) if it is not done within the group's timeout."""
+        make_error = self._timeout_error(what)
 
-    def _expire(self, future: asyncio.Future, what: str, withdraw: Callable[[], Any] | None) -> None:
-        if future.done():
-            return
-        if withdraw is not None:
-            withdraw()
-        future.set_exception(
-            OperationTimeoutError(f"rank {self._engine.rank}: {what} did not complete within {self.timeout:g} s")
-        )
+        def expire() -> None:
+            if not future.done():
+                if withdraw is not None:
+                    withdraw()
+                future.set_exception(make_error())
+
+        handle = asyncio.get_running_loop().call_later(self.timeout, expire)
+        future.add_done_callback(lambda _: handle.cancel())
 
     @staticmethod
     def _chain(source: asyncio.Future, convert: Callable[[Any], Any]) -> asyncio.Future:
@@ -260,70 +270,3 @@ class ProcessGroup:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-
-class Channel:
-    """The point-to-point view one collective call has of its group.
-
-    Collective algorithms (``asyncdist.collectives``) are written against
-    this: peers are group ranks, every message carries the call's sequence
-    number as its tag and the call's description for mismatch checks, and
-    every wait honours the call's deadline.
-    """
-
-    __slots__ = ("_group", "seq", "op", "deadline", "rank", "size")
-
-    def __init__(self, group: ProcessGroup, seq: int, op: str, deadline: float) -> None:
-        self._group = group
-        self.seq = seq
-        self.op = op
-        self.deadline = deadline
-        self.rank = group.rank
-        self.size = group.size
-
-    def _describe(self, verb: str, peer: int) -> str:
-        return f"{self.op} (call #{self.seq} in group {self._group.name!r}) {verb} rank {peer}"
-
-    def start_send(self, buf: HostBuffer, peer: int) -> asyncio.Future | None:
-        """Start sending ``buf`` to group rank ``peer``; None if already sent."""
-        group = self._group
-        header = Header(
-            Kind.DATA, group._coll_ctx, group._engine.rank, self.seq, self.seq, buf.dtype, buf.shape, buf.nbytes, self.op
-        )
-        return group._engine.send(group.ranks[peer], header, buf.view)
-
-    def start_recv(self, buf: HostBuffer, peer: int) -> PostedRecv:
-        """Post a receive into ``buf`` from group rank ``peer``."""
-        group = self._group
-        return group._engine.post_recv(group._coll_ctx, group.ranks[peer], self.seq, buf)
-
-    async def wait_send(self, future: asyncio.Future | None, peer: int) -> None:
-        """Wait for a send started with :meth:`start_send`."""
-        if future is not None:
-            await self._group._wait(future, self.deadline, self._describe("sending to", peer))
-
-    async def wait_recv(self, recv: PostedRecv, peer: int) -> Header:
-        """Wait for a receive started with :meth:`start_recv`."""
-        engine = self._group._engine
-        return await self._group._wait(
-            recv.future, self.deadline, self._describe("waiting for", peer), lambda: engine.cancel_recv(recv)
-        )
-
-    async def send(self, buf: HostBuffer, peer: int) -> None:
-        """Send ``buf`` to group rank ``peer``."""
-        await self.wait_send(self.start_send(buf, peer), peer)
-
-    async def recv(self, buf: HostBuffer, peer: int) -> Header:
-        """Receive into ``buf`` from group rank ``peer``."""
-        return await self.wait_recv(self.start_recv(buf, peer), peer)
-
-    async def sendrecv(self, send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int) -> Header:
-        """Send to ``dst`` and receive from ``src`` at once (no extra tasks)."""
-        sending = self.start_send(send_buf, dst)
-        receiving = self.start_recv(recv_buf, src)
-        try:
-            await self.wait_send(sending, dst)
-        except BaseException:
-            self._group._engine.cancel_recv(receiving)
-            raise
-        return await self.wait_recv(receiving, src)

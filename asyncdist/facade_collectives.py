@@ -1,0 +1,508 @@
+"""The blocking facade's collectives: torch.distributed's signatures over the await API.
+
+Each function here is a shell over the :class:`~asyncdist.process_group.ProcessGroup`
+method of the same name: :func:`_submit` runs the method's coroutine on the
+loop thread as a Task, wraps it in a :class:`~asyncdist.work.Work`, and
+returns the Work (``async_op=True``) or waits for it and returns None. The
+checks, algorithms and error messages all live below, in the await API.
+
+torch's rules, kept here:
+
+* a rank that is not in ``group`` (including ``GroupMember.NON_GROUP_MEMBER``)
+  returns None at once and touches nothing;
+* ``src``/``dst`` are global ranks, ``group_src``/``group_dst`` ranks within
+  ``group`` (give one, not both); ``gather`` and ``scatter`` default to global
+  rank 0, ``broadcast`` and ``reduce`` need one of the two;
+* every rank of the group calls the same collectives in the same order.
+
+Thread affinity: any thread but asyncdist's loop thread (a call there raises
+:class:`~asyncdist.errors.WrongThreadError` instead of deadlocking).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any, Callable, Coroutine, Sequence
+
+from .errors import InvalidArgumentError, OperationTimeoutError
+from .facade import _group, _group_peer, _portal
+from .process_group import ProcessGroup
+from .ops import ReduceOp
+from .work import Work
+
+__all__ = [
+    "broadcast",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+]
+
+Group = ProcessGroup | int | None  # int: GroupMember.NON_GROUP_MEMBER
+
+
+def _submit(
+    group: Group,
+    what: str,
+    operation: Callable[[ProcessGroup], Coroutine[Any, Any, Any]],
+    async_op: bool,
+    outputs: Sequence[Any] = (),
+) -> Any:
+    """Run ``operation(g)`` on the loop thread as a Task of ``group`` (resolved to ``g``).
+
+    Returns:
+        None if this rank is not in the group; else the Work if ``async_op``,
+        else the operation's value once it has completed.
+    """
+    g = _group(group)
+    if g.rank < 0:
+        return None
+    portal = _portal()
+
+    def start() -> Work:
+        # operation(g) runs on the loop thread: argument errors raise here, at once.
+        return Work(portal.loop.create_task(operation(g)), f"{what} on group {g.name!r}", list(outputs))
+
+    work = portal.call(start, what=f"{what}()")
+    return work if async_op else work.value()
+
+
+def _root(g: ProcessGroup, peer: int | None, group_peer: int | None, name: str, default: int | None = None) -> int:
+    """The root's group rank from torch's pair of arguments (``src``/``group_src``)."""
+    if peer is None and group_peer is None:
+        if default is None:
+            raise InvalidArgumentError(f"give {name} (a global rank) or group_{name} (a rank within the group)")
+        peer = default
+    root = _group_peer(g, peer, group_peer, name)
+    assert root is not None
+    return root
+
+
+def broadcast(
+    tensor: Any, src: int | None = None, group: Group = None, async_op: bool = False, group_src: int | None = None
+) -> Work | None:
+    """Copy ``src``'s ``tensor`` into ``tensor`` on every rank of ``group`` (in place).
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor: a torch CPU tensor or NumPy array with the same dtype and
+            element count on every rank; the data on ``src``, the output elsewhere.
+        src: the source's global rank (or give ``group_src``).
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        group_src: the source's rank within ``group``.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: neither or both of ``src`` and ``group_src``.
+        InvalidRankError: ``src`` is not in ``group``.
+        CollectiveMismatchError: ranks disagree on the root, dtype or size.
+        PeerLostError: a rank of the group is gone.
+        OperationTimeoutError: not complete within the group's timeout.
+
+    Example::
+
+        t = torch.arange(4.0) if dist.get_rank() == 0 else torch.empty(4)
+        dist.broadcast(t, src=0)
+    """
+    return _submit(group, "broadcast", lambda g: g.broadcast(tensor, _root(g, src, group_src, "src")), async_op, [tensor])
+
+
+def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
+    """Combine ``tensor`` of every rank with ``op``; every rank gets the result in place.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor: a torch CPU tensor or NumPy array, same dtype and size on every rank.
+        op: a ``ReduceOp`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR) or
+            the result of ``make_premul_sum``.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``op`` does not apply to the dtype (e.g. AVG on integers).
+        CollectiveMismatchError: ranks disagree on the op, dtype or size.
+        PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+
+    Example::
+
+        t = torch.ones(3) * (dist.get_rank() + 1)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)   # 1 + 2 + ... + world size
+    """
+    return _submit(group, "all_reduce", lambda g: g.all_reduce(tensor, op), async_op, [tensor])
+
+
+def all_reduce_coalesced(tensors: Sequence[Any], op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
+    """All-reduce each tensor of ``tensors`` in place, as one call.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensors: tensors or arrays; the list must match on every rank.
+        op, group, async_op: as for :func:`all_reduce`.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        As :func:`all_reduce`.
+    """
+    tensors = list(tensors)
+    return _submit(group, "all_reduce_coalesced", lambda g: g.all_reduce_coalesced(tensors, op), async_op, tensors)
+
+
+def reduce(
+    tensor: Any,
+    dst: int | None = None,
+    op: Any = ReduceOp.SUM,
+    group: Group = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
+    """Combine ``tensor`` of every rank with ``op`` into ``dst``'s ``tensor`` (others unchanged).
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor: the input everywhere, the output on ``dst``.
+        dst: the destination's global rank (or give ``group_dst``).
+        op: as for :func:`all_reduce`.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        group_dst: the destination's rank within ``group``.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: neither or both of ``dst`` and ``group_dst``; a bad ``op``.
+        InvalidRankError: ``dst`` is not in ``group``.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_reduce`.
+    """
+    return _submit(group, "reduce", lambda g: g.reduce(tensor, _root(g, dst, group_dst, "dst"), op), async_op, [tensor])
+
+
+def all_gather(tensor_list: list, tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
+    """Every rank's ``tensor`` lands in ``tensor_list[rank]`` on every rank.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor_list: one output tensor per group rank, each like ``tensor``.
+        tensor: this rank's input.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``tensor_list`` has the wrong length, dtype or sizes.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _submit(group, "all_gather", lambda g: g.all_gather(tensor_list, tensor), async_op, tensor_list)
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
+    """Concatenate every rank's ``input_tensor``, in rank order, into ``output_tensor``.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        output_tensor: ``world size`` times the elements of ``input_tensor``
+            (concatenated along dim 0, or stacked).
+        input_tensor: this rank's input; same size on every rank.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``output_tensor`` has the wrong dtype or size.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _all_gather_into_tensor("all_gather_into_tensor", output_tensor, input_tensor, group, async_op)
+
+
+def all_gather_single(output_tensor: Any, input_tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
+    """torch 2.13's name for :func:`all_gather_into_tensor`; same arguments, same result.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+    """
+    return _all_gather_into_tensor("all_gather_single", output_tensor, input_tensor, group, async_op)
+
+
+def _all_gather_into_tensor(what: str, output_tensor: Any, input_tensor: Any, group: Group, async_op: bool) -> Work | None:
+    return _submit(group, what, lambda g: g.all_gather_into_tensor(output_tensor, input_tensor), async_op, [output_tensor])
+
+
+def gather(
+    tensor: Any,
+    gather_list: list | None = None,
+    dst: int | None = None,
+    group: Group = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
+    """Every rank's ``tensor`` lands in ``gather_list[rank]`` on ``dst``.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor: this rank's input.
+        gather_list: on ``dst``, one output per group rank; elsewhere None or empty.
+        dst: the destination's global rank (default 0; or give ``group_dst``).
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        group_dst: the destination's rank within ``group``.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``gather_list`` is wrong for this rank; both ``dst`` and ``group_dst``.
+        InvalidRankError: ``dst`` is not in ``group``.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _submit(
+        group, "gather", lambda g: g.gather(tensor, gather_list, _root(g, dst, group_dst, "dst", 0)), async_op, gather_list or []
+    )
+
+
+def scatter(
+    tensor: Any,
+    scatter_list: list | None = None,
+    src: int | None = None,
+    group: Group = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Work | None:
+    """``src``'s ``scatter_list[rank]`` lands in ``tensor`` on every rank.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor: this rank's output.
+        scatter_list: on ``src``, one input per group rank; elsewhere None or empty.
+        src: the source's global rank (default 0; or give ``group_src``).
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        group_src: the source's rank within ``group``.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``scatter_list`` is wrong for this rank; both ``src`` and ``group_src``.
+        InvalidRankError: ``src`` is not in ``group``.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _submit(
+        group, "scatter", lambda g: g.scatter(tensor, scatter_list, _root(g, src, group_src, "src", 0)), async_op, [tensor]
+    )
+
+
+def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
+    """Combine every rank's ``input_list[i]`` with ``op`` into ``output`` of group rank i.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        output: this rank's result; like each ``input_list`` item.
+        input_list: one input per group rank.
+        op: as for :func:`all_reduce`.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: wrong list length, dtypes or sizes; a bad ``op``.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_reduce`.
+    """
+    return _submit(group, "reduce_scatter", lambda g: g.reduce_scatter(output, input_list, op), async_op, [output])
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
+    """Combine every rank's ``input`` with ``op``; group rank i gets its i-th slice in ``output``.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        output: this rank's result.
+        input: ``world size`` times the elements of ``output`` (concatenated or stacked).
+        op: as for :func:`all_reduce`.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``input`` has the wrong dtype or size; a bad ``op``.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_reduce`.
+    """
+    return _reduce_scatter_tensor("reduce_scatter_tensor", output, input, op, group, async_op)
+
+
+def reduce_scatter_single(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
+    """torch 2.13's name for :func:`reduce_scatter_tensor`; same arguments, same result.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+    """
+    return _reduce_scatter_tensor("reduce_scatter_single", output, input, op, group, async_op)
+
+
+def _reduce_scatter_tensor(what: str, output: Any, input: Any, op: Any, group: Group, async_op: bool) -> Work | None:
+    return _submit(group, what, lambda g: g.reduce_scatter_tensor(output, input, op), async_op, [output])
+
+
+def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Group = None, async_op: bool = False) -> Work | None:
+    """Rank i's ``input_tensor_list[j]`` lands in rank j's ``output_tensor_list[i]``.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        output_tensor_list: one output per group rank (sizes may differ).
+        input_tensor_list: one input per group rank; one dtype throughout.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: wrong list lengths or mixed dtypes.
+        BufferMismatchError: an output's size differs from what its sender sends.
+        PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _submit(
+        group, "all_to_all", lambda g: g.all_to_all(output_tensor_list, input_tensor_list), async_op, output_tensor_list
+    )
+
+
+def all_to_all_single(
+    output: Any,
+    input: Any,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Group = None,
+    async_op: bool = False,
+) -> Work | None:
+    """Split ``input`` by dim-0 rows and send part j to rank j; rank i's part lands
+    in ``output`` at slot i.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        output: contiguous output; its rows are split by ``output_split_sizes``.
+        input: contiguous input; its rows are split by ``input_split_sizes``.
+        output_split_sizes, input_split_sizes: rows per group rank; None or
+            empty splits evenly.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: split sizes that do not add up; dtypes differ.
+        UnsupportedBufferError: a non-contiguous tensor (torch refuses them too).
+        BufferMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_to_all`.
+    """
+    return _submit(
+        group,
+        "all_to_all_single",
+        lambda g: g.all_to_all_single(output, input, output_split_sizes, input_split_sizes),
+        async_op,
+        [output],
+    )
+
+
+def barrier(
+    group: Group = None, async_op: bool = False, device_ids: Any = None, timeout: timedelta | None = None
+) -> Work | None:
+    """Wait until every rank of ``group`` has entered the barrier.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        device_ids: accepted for torch compatibility; unused on CPU.
+        timeout: bound on this barrier (a ``timedelta`` or seconds); None:
+            the group's timeout.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        PeerLostError: a rank of the group is gone.
+        OperationTimeoutError: not every rank entered within the timeout.
+    """
+    if timeout is None:
+        return _submit(group, "barrier", lambda g: g.barrier(), async_op)
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return _submit(group, "barrier", lambda g: _within(g.barrier(), seconds, f"barrier of group {g.name!r}"), async_op)
+
+
+async def _within(coro: Coroutine[Any, Any, Any], seconds: float, what: str) -> Any:
+    """Await ``coro``, cancelling it after ``seconds`` with OperationTimeoutError."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await coro
+    except TimeoutError as exc:
+        if isinstance(exc, OperationTimeoutError):
+            raise
+        raise OperationTimeoutError(f"{what} did not complete within {seconds:g} s (its timeout argument)") from None
+
+
+def monitored_barrier(group: Group = None, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not enter it.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Group rank 0 waits up to ``timeout`` for every other rank; the others
+    wait for rank 0's verdict. Useful to find a rank that hangs or skipped a
+    collective. Blocks; there is no ``async_op``.
+
+    Args:
+        group: the process group (default: the world).
+        timeout: a ``timedelta`` (or seconds); None: the group's timeout.
+        wait_all_ranks: rank 0 names every missing rank, not only the first.
+
+    Returns:
+        None.
+
+    Raises:
+        OperationTimeoutError: on every rank that entered, if some rank did not
+            enter within ``timeout`` (or was lost); the message names it
+            ("rank 3 failed to pass it within 2 s").
+
+    Example::
+
+        if dist.get_rank() != 1:
+            dist.monitored_barrier(timeout=timedelta(seconds=2))   # names rank 1
+    """
+    _submit(group, "monitored_barrier", lambda g: g.monitored_barrier(timeout, wait_all_ranks), False)
