@@ -3,10 +3,11 @@
 The forms torch.distributed accepts, with its meaning:
 
 * ``env://`` (the default): ``MASTER_ADDR``, ``MASTER_PORT`` and, unless given
-  as arguments, ``RANK`` and ``WORLD_SIZE``; rank 0 serves a TCPStore at
-  ``MASTER_ADDR:MASTER_PORT``, the others connect to it. Under a launcher that
-  serves the store itself (``TORCHELASTIC_USE_AGENT_STORE=True``), every rank
-  is a client.
+  as arguments, ``RANK`` and ``WORLD_SIZE`` (or the rank and size that
+  ``srun`` or ``mpirun`` set, see :mod:`.launchers`); rank 0 serves a TCPStore
+  at ``MASTER_ADDR:MASTER_PORT``, the others connect to it. Under a launcher
+  that serves the store itself (``TORCHELASTIC_USE_AGENT_STORE=True``), every
+  rank is a client, under the restart attempt's key prefix.
 * ``tcp://host:port``: the same store, with rank and world size as arguments.
 * ``file:///path``: a :class:`FileStore` on a shared file system.
 * ``store=``: a store the caller made; rank and world size are required.
@@ -26,6 +27,7 @@ from urllib.parse import parse_qs, urlparse
 
 from ..errors import InvalidArgumentError, InvalidRankError, RendezvousError, StoreError
 from .file_store import FileStore
+from .launchers import LAUNCHER_HINT, AttemptStore, placement
 from .store import Store
 from .tcp_store import TCPStore
 
@@ -127,21 +129,26 @@ def resolve(
         world_size = _int(query["world_size"], "world_size")
 
     if url.scheme == "env":
+        # RANK/WORLD_SIZE, or what srun / mpirun set instead (see .launchers).
+        found = placement(environ) if rank < 0 or world_size < 0 else None
         needed = [name for name, have in (("RANK", rank >= 0), ("WORLD_SIZE", world_size >= 0)) if not have]
-        needed = ["MASTER_ADDR", "MASTER_PORT"] + needed
+        needed = ["MASTER_ADDR", "MASTER_PORT"] + ([] if found else needed)
         missing = [name for name in needed if not environ.get(name)]
         if missing:
             raise RendezvousError(
-                f"env:// rendezvous needs the environment variables {', '.join(_ENV_VARS)}; "
-                f"not set: {', '.join(missing)}"
+                f"env:// rendezvous needs the environment variables {', '.join(_ENV_VARS)} "
+                f"(or, for rank and world size, one of {LAUNCHER_HINT}); not set: {', '.join(missing)}"
             )
         if rank < 0:
-            rank = _int(environ["RANK"], "RANK")
+            rank = _int(environ["RANK"], "RANK") if environ.get("RANK") or not found else found.rank
         if world_size < 0:
-            world_size = _int(environ["WORLD_SIZE"], "WORLD_SIZE")
+            world_size = (_int(environ["WORLD_SIZE"], "WORLD_SIZE") if environ.get("WORLD_SIZE") or not found
+                          else found.world_size)
         _check_rank(rank, world_size)
         host, port = environ["MASTER_ADDR"], _int(environ["MASTER_PORT"], "MASTER_PORT")
         made = _tcp_store(host, port, rank, world_size, timeout, environ)
+        if environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1"):
+            made = AttemptStore(made, environ)  # a restarted group must not see the last attempt's keys
         return Plan(made, rank, world_size, advertise_host(host, environ), owns_store=True)
 
     if rank < 0 or world_size < 0:

@@ -8,17 +8,22 @@ the parent's store instead of serving one), plus the job's secret. So
 ``dist.init_process_group()`` with no arguments works inside ``fn``.
 
 A rank that raises makes ``spawn`` stop the others and re-raise that error
-with the rank and the remote traceback; a job that outlives ``timeout`` is
-killed. No process outlives the call.
+with the rank and the remote traceback (the first error raised, not a peer's
+later error about the lost connection); a job that outlives ``timeout`` is
+killed. No process outlives the call: each rank leads a process group, and
+the group is killed when the call ends, so whatever a rank started goes too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import multiprocessing
 import os
+import pickle
 import queue
 import secrets
+import signal
 import time
 import traceback
 import uuid
@@ -48,14 +53,34 @@ def _context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
-def _rank_main(rank: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
-    os.environ.update(env)
+def _outcome(rank: int, fn: Callable[..., Any], args: tuple) -> bytes:
+    """Run ``fn`` and pickle ``(rank, ok, value or (error, traceback))`` here, in the rank,
+    so that a value or error that cannot be pickled is reported, not lost in the queue's thread."""
     try:
         value = fn(*args)
     except BaseException as exc:
-        results.put((rank, False, (exc, traceback.format_exc())))
-    else:
-        results.put((rank, True, value))
+        remote = traceback.format_exc()
+        try:
+            return pickle.dumps((rank, False, (exc, remote)))
+        except Exception:
+            stand_in = RuntimeError(f"{type(exc).__qualname__}: {exc} (the exception could not be pickled)")
+            return pickle.dumps((rank, False, (stand_in, remote)))
+    try:
+        return pickle.dumps((rank, True, value))
+    except Exception as exc:
+        error = TypeError(f"the return value of {getattr(fn, '__qualname__', fn)} cannot be pickled: {exc}")
+        return pickle.dumps((rank, False, (error, traceback.format_exc())))
+
+
+def _rank_main(rank: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    os.setpgid(0, 0)  # lead a process group, so that spawn can end whatever this rank starts
+    os.environ.update(env)
+    try:
+        results.put(_outcome(rank, fn, args))
+        # In the queue before this rank's sockets close: a peer's error about the
+        # lost connection then always arrives after this rank's own error.
+        results.close()
+        results.join_thread()
     finally:
         import asyncdist
 
@@ -112,6 +137,8 @@ def spawn(
         for proc in procs:
             if proc.pid is not None:
                 proc.join()
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # what the rank started, if anything is left
         results.close()
         store.close()
 
@@ -126,13 +153,13 @@ def _collect(procs: list, results: Any, timeout: float) -> list[Any]:
             missing = sorted(set(range(n)) - set(values))
             raise DistTimeoutError(f"ranks {missing} did not finish within {timeout:g} s")
         try:
-            rank, ok, value = results.get(timeout=min(remaining, 0.5))
+            rank, ok, value = pickle.loads(results.get(timeout=min(remaining, 0.5)))
         except queue.Empty:
             dead = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
             if dead:
                 # Let a last result in flight arrive before blaming the exit.
                 try:
-                    rank, ok, value = results.get(timeout=1.0)
+                    rank, ok, value = pickle.loads(results.get(timeout=1.0))
                 except queue.Empty:
                     r = dead[0]
                     raise RuntimeError(f"rank {r} exited with code {procs[r].exitcode} without a result") from None

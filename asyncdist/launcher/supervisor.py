@@ -1,0 +1,307 @@
+"""Run one node's worker group: start it, relay its output, watch it, stop it, restart it.
+
+The whole supervision is one asyncio program on the launcher's main thread.
+Each worker's pipes feed a protocol that copies its lines to the console
+behind the worker's prefix and reports its exit the moment it is reaped;
+the first exit or signal that matters decides the attempt:
+
+* every worker exited with code 0: the job succeeded;
+* a worker exited with another code: the others get SIGTERM, then SIGKILL
+  after ``--shutdown-timeout`` s; the group is started again while
+  ``--max-restarts`` allows, else the launcher exits 1 (as torchrun does);
+* the launcher got SIGINT, SIGTERM or SIGHUP: the same signal goes to every
+  worker (SIGINT gives Python workers a KeyboardInterrupt and its traceback),
+  SIGKILL follows after the timeout or at once on a second signal, and the
+  launcher exits 128 + the signal number, without restarting.
+
+No process outlives the launcher: each worker leads its own process group
+(``start_new_session``), signals go to the whole group, so the worker's own
+children go too, and every group gets a final SIGKILL when its attempt
+ends. On Linux each worker also asks the kernel to SIGKILL it if the
+launcher dies (``PR_SET_PDEATHSIG``), which covers a launcher killed with
+SIGKILL, where no clean-up code runs.
+
+This module owns processes and pipes; what a worker is told (environment,
+arguments, prefix) comes from :class:`~.job.Job`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import BinaryIO, Callable
+
+from .job import Job, LaunchError
+
+__all__ = ["run_job", "FAILURE_EXIT_CODE"]
+
+#: The launcher's exit code when a worker failed (torchrun's, for its ChildFailedError).
+FAILURE_EXIT_CODE = 1
+_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_DRAIN_SECONDS = 5.0  # how long output still in the pipes may take to arrive after the group ended
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the worker when the launcher dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+    except (OSError, AttributeError):
+        return None
+    launcher = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != launcher:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _killpg(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
+class _Signals:
+    """The signals the launcher received, and a way to wait for the next one."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        for signum in _HANDLED_SIGNALS:
+            loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
+        for signum in _HANDLED_SIGNALS:
+            loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: int) -> None:
+        self.received.append(signum)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_beyond(self, count: int) -> None:
+        """Return once more than ``count`` signals have been received."""
+        while len(self.received) <= count:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+
+class _Console:
+    """Where workers' lines go; a closed console (``| head``) stops the printing, not the job."""
+
+    def __init__(self, sink: BinaryIO) -> None:
+        self._sink: BinaryIO | None = sink
+
+    def write(self, data: bytes) -> None:
+        if self._sink is None:
+            return
+        try:
+            self._sink.write(data)
+            self._sink.flush()
+        except (BrokenPipeError, ValueError):
+            self._sink = None
+
+
+class _WorkerProtocol(asyncio.SubprocessProtocol):
+    """One worker's pipes and exit, seen from the loop.
+
+    ``exited`` resolves with the exit code as soon as the process is reaped,
+    even while a child it left behind still holds its pipes (asyncio's
+    ``Process.wait`` would wait for those pipes too); ``closed`` resolves once
+    the pipes are closed as well. Output is copied line by line behind
+    ``prefix``; ``consoles`` is None for a worker whose output is filtered out.
+    """
+
+    def __init__(self, prefix: bytes, consoles: tuple[_Console, _Console] | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self.transport: asyncio.SubprocessTransport | None = None
+        self._prefix = prefix
+        self._consoles = consoles
+        self._partial = {1: b"", 2: b""}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if self._consoles is None:
+            return
+        *lines, self._partial[fd] = (self._partial[fd] + data).split(b"\n")
+        if lines:
+            self._consoles[fd - 1].write(b"".join(self._prefix + line + b"\n" for line in lines))
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        rest, self._partial[fd] = self._partial.get(fd, b""), b""
+        if rest and self._consoles is not None:  # a last line without its newline
+            self._consoles[fd - 1].write(self._prefix + rest + b"\n")
+
+    def process_exited(self) -> None:
+        assert self.transport is not None
+        code = self.transport.get_returncode()
+        if not self.exited.done() and code is not None:
+            self.exited.set_result(code)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+@dataclass(slots=True)
+class _Worker:
+    local_rank: int
+    rank: int
+    pid: int
+    protocol: _WorkerProtocol
+
+    def describe_exit(self) -> str:
+        code = self.protocol.exited.result()
+        killed = f", {_signal_name(-code)}" if code < 0 else ""
+        return (f"worker rank {self.rank} exited with code {code} "
+                f"(local rank {self.local_rank}, pid {self.pid}{killed})")
+
+
+async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[_Console, _Console]) -> _Worker:
+    argv = job.worker_argv(local_rank)
+    shown = job.config.local_ranks_filter is None or local_rank in job.config.local_ranks_filter
+    protocol = _WorkerProtocol(job.prefix(local_rank), consoles if shown else None)
+    try:
+        transport, _ = await asyncio.get_running_loop().subprocess_exec(
+            lambda: protocol,
+            *argv,
+            env=job.worker_env(local_rank, restart_count),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_launcher(),
+        )
+    except OSError as exc:
+        raise LaunchError(f"cannot start local rank {local_rank} ({' '.join(argv)}): {exc}") from exc
+    return _Worker(local_rank, job.config.global_rank(local_rank), transport.get_pid(), protocol)
+
+
+async def _exit_of(worker: _Worker) -> _Worker:
+    await asyncio.shield(worker.protocol.exited)
+    return worker
+
+
+async def _stop(workers: list[_Worker], signum: int, grace: float, signals: _Signals) -> None:
+    """Send ``signum`` to every live worker's group, SIGKILL after ``grace`` s or a new signal."""
+    alive = [w for w in workers if not w.protocol.exited.done()]
+    for worker in alive:
+        _killpg(worker.pid, signum)
+    if alive:
+        exited = asyncio.ensure_future(asyncio.wait([w.protocol.exited for w in alive]))
+        again = asyncio.ensure_future(signals.wait_beyond(len(signals.received)))
+        await asyncio.wait({exited, again}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        again.cancel()
+        exited.cancel()
+    for worker in workers:  # the leaders still alive, and whatever they left in their groups
+        _killpg(worker.pid, signal.SIGKILL)
+    if workers:
+        await asyncio.wait([w.protocol.exited for w in workers])
+        # Output still in the pipes arrives before the pipes close; a process
+        # that left its group (setsid) may hold them open: stop reading then.
+        await asyncio.wait([w.protocol.closed for w in workers], timeout=_DRAIN_SECONDS)
+    for worker in workers:
+        if worker.protocol.transport is not None:
+            worker.protocol.transport.close()
+
+
+async def _run_group(job: Job, restart_count: int, signals: _Signals,
+                     consoles: tuple[_Console, _Console]) -> _Worker | int | None:
+    """One attempt. Returns None (success), the first failed worker, or a signal number."""
+    workers: list[_Worker] = []
+    outcome: _Worker | int | None = None
+    try:
+        for local_rank in range(job.config.nproc_per_node):
+            workers.append(await _start(job, local_rank, restart_count, consoles))
+        # In the order the exits are seen, so the rank that failed first is the
+        # one blamed, not a peer that failed a moment later because it was gone.
+        watched = [asyncio.ensure_future(_exit_of(w)) for w in workers]
+        interrupted = asyncio.ensure_future(signals.wait_beyond(len(signals.received)))
+        running = len(workers)
+        try:
+            for next_event in asyncio.as_completed([*watched, interrupted]):
+                worker = await next_event
+                if worker is None:
+                    outcome = signals.received[-1]
+                elif worker.protocol.exited.result() != 0:
+                    outcome = worker
+                else:
+                    running -= 1
+                if outcome is not None or running == 0:
+                    break
+        finally:
+            for task in (*watched, interrupted):
+                task.cancel()
+    finally:
+        if isinstance(outcome, _Worker):
+            print(f"asyncdist-run: {outcome.describe_exit()}; stopping the other workers",
+                  file=sys.stderr, flush=True)
+        elif isinstance(outcome, int):
+            print(f"asyncdist-run: received {_signal_name(outcome)}; stopping the workers",
+                  file=sys.stderr, flush=True)
+        stop_with = outcome if isinstance(outcome, int) else signal.SIGTERM
+        await _stop(workers, stop_with, job.config.shutdown_timeout, signals)
+    return outcome
+
+
+async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> int:
+    """Run the worker group, restarting it after failures as configured (main thread only).
+
+    Args:
+        job: the node's job (store served or joined).
+        stdout, stderr: where workers' lines go (default: the launcher's own).
+
+    Returns:
+        The launcher's exit code: 0, :data:`FAILURE_EXIT_CODE`, or 128 + a signal number.
+
+    Raises:
+        LaunchError: a worker could not be started.
+    """
+    consoles = (_Console(stdout or sys.stdout.buffer), _Console(stderr or sys.stderr.buffer))
+    loop = asyncio.get_running_loop()
+    signals = _Signals()
+    signals.install(loop)
+    try:
+        last = job.config.max_restarts
+        for restart_count in range(last + 1):
+            if signals.received:
+                return 128 + signals.received[-1]
+            outcome = await _run_group(job, restart_count, signals, consoles)
+            if outcome is None:
+                return 0
+            if isinstance(outcome, int):
+                return 128 + outcome
+            if restart_count < last:
+                print(f"asyncdist-run: restarting the worker group ({restart_count + 1} of {last} restarts)",
+                      file=sys.stderr, flush=True)
+        print(f"asyncdist-run: the job failed: {outcome.describe_exit()}"
+              + (f", after {last} restarts" if last else ""), file=sys.stderr, flush=True)
+        return FAILURE_EXIT_CODE
+    finally:
+        signals.uninstall(loop)

@@ -1,0 +1,142 @@
+"""The pytest plugin of asyncdist: multi-rank tests from a marker and two fixtures.
+
+Installed with asyncdist (entry point ``pytest11``, name ``asyncdist``), so
+any project that has asyncdist installed can use it without configuration.
+``-p no:asyncdist`` turns it off.
+
+The marker:
+
+``@pytest.mark.world_size(n, ...)``
+    Run the test once per size (ids ``2ranks``, ``4ranks``, ...). It may be
+    put on a function, a class or a module (``pytestmark``); the closest wins.
+    A test may also ``@pytest.mark.parametrize("world_size", [...])`` itself.
+
+The fixtures:
+
+``world_size``
+    The size this test runs with: the marker's, else 2.
+
+``local_ranks`` (async; needs pytest-asyncio)
+    The ``world_size`` world groups of :func:`~asyncdist.testing.local_world`,
+    indexed by rank, all in the test's event loop over loopback sockets;
+    closed after the test. Drive them with ``asyncio.gather``. In
+    pytest-asyncio's strict mode, mark the test ``@pytest.mark.asyncio`` as
+    for any async test. The fixture runs on the loop of
+    ``asyncio_default_fixture_loop_scope`` (the function's by default), which
+    must be the test's loop.
+
+``spawn_ranks``
+    A function ``spawn_ranks(fn, *args, timeout=120.0, env=None)`` that runs
+    ``fn(*args)`` on ``world_size`` processes with
+    :func:`~asyncdist.testing.spawn` and returns their results by rank. ``fn``
+    must be a module-level function of an importable module (a test module
+    is); inside it, ``asyncdist.init_process_group()`` needs no arguments. A
+    rank's exception is re-raised in the test with the rank noted and the
+    remote traceback; no process outlives the call.
+
+Example::
+
+    import asyncio
+    import numpy as np
+    import pytest
+    import asyncdist as dist
+
+    @pytest.mark.world_size(2, 4)
+    async def test_all_reduce_in_loop(local_ranks, world_size):
+        arrays = [np.full(3, float(g.rank)) for g in local_ranks]
+        await asyncio.gather(*(g.all_reduce(a) for g, a in zip(local_ranks, arrays)))
+        assert all((a == sum(range(world_size))).all() for a in arrays)
+
+    def rank_body():
+        dist.init_process_group()
+        return dist.get_rank(), dist.get_world_size()
+
+    @pytest.mark.world_size(2, 4)
+    def test_ranks_as_processes(spawn_ranks, world_size):
+        assert spawn_ranks(rank_body) == [(r, world_size) for r in range(world_size)]
+
+The plugin only adds names; it changes no other test, and it knows nothing
+of pytest-asyncio's internals beyond its public ``fixture`` decorator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Callable
+
+import pytest
+
+try:
+    import pytest_asyncio
+except ImportError:  # local_ranks then says what is missing
+    pytest_asyncio = None
+
+__all__ = ["world_size", "local_ranks", "spawn_ranks"]
+
+#: The world size of a test that asks for one without the marker.
+DEFAULT_WORLD_SIZE = 2
+_MARKER = "world_size"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_MARKER}(n, ...): run the test once per world size n; "
+        "the fixtures world_size, local_ranks and spawn_ranks use it (asyncdist plugin)",
+    )
+
+
+def _sizes(marker: pytest.Mark, nodeid: str) -> list[int]:
+    sizes = list(marker.args)
+    if not sizes or marker.kwargs or not all(type(n) is int and n >= 1 for n in sizes):
+        pytest.fail(
+            f"{nodeid}: @pytest.mark.{_MARKER} takes one or more positive integers, "
+            f"got args={marker.args!r} kwargs={marker.kwargs!r}",
+            pytrace=False,
+        )
+    return sizes
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker(_MARKER)
+    if marker is None:
+        return
+    sizes = _sizes(marker, metafunc.definition.nodeid)
+    if _MARKER not in metafunc.fixturenames:  # the test may reach it with request.getfixturevalue
+        metafunc.fixturenames.append(_MARKER)
+    metafunc.parametrize(_MARKER, sizes, ids=[f"{n}ranks" for n in sizes])
+
+
+@pytest.fixture(name=_MARKER)
+def world_size() -> int:
+    """The world size of this test (the ``world_size`` marker's, else 2)."""
+    return DEFAULT_WORLD_SIZE
+
+
+if pytest_asyncio is not None:
+
+    @pytest_asyncio.fixture
+    async def local_ranks(world_size: int) -> AsyncIterator[list[Any]]:
+        """``world_size`` ranks in the test's loop: their world ProcessGroups, by rank."""
+        from .world import local_world
+
+        async with local_world(world_size) as ranks:
+            yield ranks
+
+else:
+
+    @pytest.fixture
+    def local_ranks(world_size: int) -> list[Any]:
+        """Unavailable: async fixtures need pytest-asyncio."""
+        pytest.fail("the local_ranks fixture needs pytest-asyncio: pip install pytest-asyncio", pytrace=False)
+
+
+@pytest.fixture
+def spawn_ranks(world_size: int) -> Callable[..., list[Any]]:
+    """Run a module-level function on ``world_size`` rank processes; return results by rank."""
+    from .spawn import spawn
+
+    def run(fn: Callable[..., Any], *args: Any, timeout: float = 120.0,
+            env: dict[str, str] | None = None) -> list[Any]:
+        return spawn(world_size, fn, *args, timeout=timeout, env=env)
+
+    return run
