@@ -1,0 +1,20 @@
+"""asyncdist's benchmark: nccl-tests-style tables, against torch gloo if asked.
+
+Run it as ``asyncdist-bench`` or ``python -m asyncdist.bench`` (see
+``docs/benchmarks.md``). The package is laid out by concern:
+
+* :mod:`~asyncdist.bench.plan` — what to measure (sizes, dtype, repetitions);
+* :mod:`~asyncdist.bench.cases` — the registry of rows: what one call of each op does;
+* :mod:`~asyncdist.bench.loops` — the timing loops inside the rank processes;
+* :mod:`~asyncdist.bench.runner` — rank processes per library; max over ranks, median over repetitions;
+* :mod:`~asyncdist.bench.report` and :mod:`~asyncdist.bench.plot` — tables, json, plot;
+* :mod:`~asyncdist.bench.cli` — the command line.
+
+Nothing here is imported by ``import asyncdist``.
+"""
+
+from __future__ import annotations
+
+from .cli import main
+
+__all__ = ["main"]

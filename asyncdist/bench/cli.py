@@ -1,0 +1,202 @@
+"""``asyncdist-bench`` (also ``python -m asyncdist.bench``): the command line.
+
+Parses the flags into a :class:`~asyncdist.bench.plan.Plan`, runs each
+series in turn (:mod:`asyncdist.bench.runner`), and prints the header and
+tables (:mod:`asyncdist.bench.report`), the json and the plot. Results go to
+stdout; progress and notes go to stderr, so ``--json`` output pipes clean.
+
+Presets fill the flags not given: the default sweeps 8 B .. 64 MiB by x4
+with 5 repetitions of >= 20 ms (``-f 2`` for the full sweep); ``--quick``
+is a smoke run for CI (8 B .. 64 KiB by x8, 3 short repetitions). Explicit
+flags override both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import sys
+import traceback
+from typing import Any, Sequence
+
+from ..loop_thread import LOOP_ENV
+from . import plot, report
+from .cases import CASES, jobs
+from .plan import DTYPE_SIZES, SERIES, Plan, Series, format_bytes, parse_bytes, size_sweep
+from .runner import Row, run_series
+
+__all__ = ["main", "build_parser"]
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {
+        "min_bytes": 8, "max_bytes": 64 << 20, "step_factor": 4,
+        "warmup": 5, "reps": 5, "min_rep_ms": 20.0, "max_iters": 1000,
+    },
+    "quick": {
+        "min_bytes": 8, "max_bytes": 64 << 10, "step_factor": 8,
+        "warmup": 2, "reps": 3, "min_rep_ms": 2.0, "max_iters": 50,
+    },
+}
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ops(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CASES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown op(s) {unknown or text!r}; choose from {', '.join(CASES)}")
+    return names
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser (its defaults of None are filled from the preset)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="nccl-tests-style benchmark of asyncdist's collectives and p2p, optionally against torch gloo.",
+        epilog="Times are the median over repetitions of the slowest rank's time per call. "
+        "See docs/benchmarks.md.",
+    )
+    p.add_argument("--world-size", type=int, default=2, help="ranks (processes on this host) per library (default 2)")
+    p.add_argument("--ops", type=_ops, default=list(CASES), help=f"comma-separated ops (default all: {','.join(CASES)})")
+    p.add_argument("-b", "--min-bytes", type=_size, help="smallest size, e.g. 8, 1K, 64M (default 8)")
+    p.add_argument("-e", "--max-bytes", type=_size, help="largest size (default 64M; 64K with --quick)")
+    p.add_argument("-f", "--step-factor", type=int, help="size multiplier between rows (default 4; 2 for a full sweep)")
+    p.add_argument("--dtype", choices=list(DTYPE_SIZES), default="float32", help="element type (default float32)")
+    p.add_argument("--api", choices=["await", "facade", "both"], default="await",
+                   help="asyncdist face to time: the await API (default), the blocking facade, or both "
+                   "(adds the facade's per-call overhead)")
+    p.add_argument("--compare", choices=["gloo"], help="also run the sweep on torch.distributed's gloo backend")
+    p.add_argument("--warmup", type=int, help="warm-up calls per op and size (default 5)")
+    p.add_argument("--reps", type=int, help="timed repetitions per op and size; the median is reported (default 5)")
+    p.add_argument("--iters", type=int, default=0, help="calls per repetition (default 0: auto, see --min-rep-ms)")
+    p.add_argument("--min-rep-ms", type=float, help="auto iters: make a repetition last at least this long (default 20)")
+    p.add_argument("--max-iters", type=int, help="auto iters: at most this many calls per repetition (default 1000)")
+    p.add_argument("--quick", action="store_true", help="smoke-run preset: 8..64K by x8, 3 short repetitions")
+    p.add_argument("--loop", choices=["auto", "asyncio"], default="auto",
+                   help="asyncdist's event loop: uvloop when installed (auto) or the standard one")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the results as json to FILE, or to stdout instead of the tables if no FILE")
+    p.add_argument("--plot", metavar="FILE.png", help="draw busbw and latency against size (needs matplotlib)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one library's whole sweep may take (default 1800)")
+    return p
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    preset = PRESETS["quick" if args.quick else "default"]
+    return {key: preset[key] if getattr(args, key) is None else getattr(args, key) for key in preset}
+
+
+def _loop_kind(choice: str) -> str:
+    """The event loop the asyncdist ranks will run."""
+    if choice == "asyncio" or os.environ.get(LOOP_ENV, "").lower() == "asyncio":
+        return "asyncio"
+    return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+
+
+def _series(args: argparse.Namespace) -> list[Series]:
+    names = ["await", "facade"] if args.api == "both" else [args.api]
+    return [SERIES[name] for name in names + ([args.compare] if args.compare else [])]
+
+
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Plan, list[int]]:
+    s = _settings(args)
+    if args.world_size < 1:
+        parser.error("--world-size must be at least 1")
+    if s["reps"] < 1 or s["warmup"] < 0 or args.iters < 0 or s["max_iters"] < 1:
+        parser.error("--reps and --max-iters must be >= 1, --warmup and --iters >= 0")
+    if not args.iters and s["warmup"] < 1:
+        parser.error("automatic --iters needs --warmup >= 1 (the warm-up calls give the estimate)")
+    try:
+        sizes = size_sweep(s["min_bytes"], s["max_bytes"], s["step_factor"])
+    except ValueError as exc:
+        parser.error(str(exc))
+    torch = importlib.util.find_spec("torch") is not None
+    if args.compare and not torch:
+        parser.error("--compare gloo needs torch (pip install 'asyncdist[torch]')")
+    if args.dtype == "bfloat16" and not torch:
+        parser.error("--dtype bfloat16 needs torch (NumPy has no bfloat16)")
+    ops = list(args.ops)
+    if args.world_size < 2 and "sendrecv" in ops:
+        ops.remove("sendrecv")
+        print("note: sendrecv needs 2 ranks; left out", file=sys.stderr)
+    plan = Plan(
+        world_size=args.world_size,
+        dtype=args.dtype,
+        array="torch" if torch else "numpy",
+        jobs=jobs(ops, sizes, DTYPE_SIZES[args.dtype], args.world_size),
+        warmup=s["warmup"],
+        reps=s["reps"],
+        iters=args.iters,
+        min_rep_s=s["min_rep_ms"] / 1e3,
+        max_iters=s["max_iters"],
+    )
+    return plan, sizes
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run the benchmark; returns the exit status (0, or 1 if a library's run failed).
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+        prog: the program name shown in the header and ``--help``.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = prog or os.path.basename(sys.argv[0]) or "asyncdist-bench"
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    plan, sizes = _plan(args, parser)
+    series = _series(args)
+    command = " ".join([prog, shlex.join(argv)]) if argv else prog
+    env = report.environment(_loop_kind(args.loop))
+    plot_path = args.plot
+    if plot_path and (why := plot.missing()):
+        print(why, file=sys.stderr)
+        plot_path = None
+    sweep = f"{format_bytes(sizes[0])}..{format_bytes(sizes[-1])} x{_settings(args)['step_factor']}"
+    text_out = args.json != "-"
+    if text_out:
+        print("\n".join(report.header(command, env, plan, series, sweep)), flush=True)
+
+    rows = _run(series, plan, prog, timeout=args.timeout, env={LOOP_ENV: "asyncio"} if args.loop == "asyncio" else None)
+    if rows is None:
+        return 1
+    if text_out:
+        print("\n".join(report.tables(rows, series) + report.summary(rows, series)))
+    if args.json:
+        document = json.dumps(report.to_json(command, env, plan, sizes, series, rows), indent=2)
+        if args.json == "-":
+            print(document)
+        else:
+            with open(args.json, "w") as f:
+                f.write(document + "\n")
+    if plot_path:
+        plot.write_plot(rows, plot_path)
+        print(f"plot written to {plot_path}", file=sys.stderr)
+    return 0
+
+
+def _run(series: list[Series], plan: Plan, prog: str, *, timeout: float, env: dict[str, str] | None) -> list[Row] | None:
+    """Every series' rows, one series after the other; None (and the error on
+    stderr) if one failed."""
+    rows: list[Row] = []
+    for s in series:
+        print(f"running {s.title}: {len(plan.jobs)} jobs on {plan.world_size} ranks ...", file=sys.stderr, flush=True)
+        try:
+            rows += run_series(s, plan, timeout=timeout, env=env)
+        except Exception as exc:
+            print(f"{prog}: the {s.title} run failed: {exc!r}", file=sys.stderr)
+            if exc.__cause__ is not None:  # spawn's RemoteTraceback: the rank's own traceback
+                print(str(exc.__cause__), file=sys.stderr)
+            else:
+                traceback.print_exc()
+            return None
+    return rows

@@ -1,0 +1,172 @@
+"""The timing loops, run inside the rank processes of one series.
+
+For each job of the plan, every rank:
+
+1. makes the job's buffers and calls (:mod:`asyncdist.bench.cases`);
+2. makes ``plan.warmup`` untimed-for-the-report calls, timing each alone;
+3. agrees with the other ranks on the calls per repetition: an
+   all_reduce(MAX) of its median warm-up time, so the slowest rank's
+   estimate decides and every rank makes the same number of calls;
+4. runs ``plan.reps`` repetitions, each after a barrier, each timing
+   ``iters`` back-to-back calls with ``perf_counter``.
+
+A rank returns its own seconds per call for each repetition; the parent
+takes the max over ranks and the median over repetitions
+(:mod:`asyncdist.bench.runner`). The library under test carries the
+agreement and the barriers, outside the timed region, never the timings.
+The garbage collector is off while a repetition runs (as ``timeit`` does),
+in every series alike.
+
+Three rank bodies: :func:`await_rank` (asyncdist's await API, on an event
+loop in the rank's main thread), :func:`facade_rank` (the blocking facade)
+and :func:`gloo_rank` (torch.distributed on gloo). The last two share one
+loop because the facade has torch.distributed's names; the first has the
+same loop with ``await`` (the colour rule: a plain loop never awaits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from time import perf_counter
+from typing import Any, Iterator
+
+from .cases import CASES, Calls, Point, zeros
+from .plan import Job, Plan
+
+__all__ = ["Sample", "await_rank", "facade_rank", "gloo_rank"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One rank's timings of one job: seconds per call (per iteration of a
+    multi-call case), one per repetition."""
+
+    iters: int
+    seconds: tuple[float, ...]
+
+
+@contextlib.contextmanager
+def _gc_off() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _calls(comm: Any, plan: Plan, job: Job, rank: int) -> Calls:
+    return CASES[job.op].build(comm, Point(rank, plan.world_size, job.count, plan.dtype, plan.array))
+
+
+def _estimate(warm: list[float], plan: Plan) -> Any:
+    """A one-element float64 buffer holding this rank's warm-up median, to all_reduce(MAX)."""
+    buf = zeros(1, "float64", plan.array)
+    buf[0] = statistics.median(warm) if warm else 0.0
+    return buf
+
+
+# -- the blocking APIs: torch.distributed on gloo, asyncdist's facade ----------
+
+
+def _time_blocking(calls: Calls, iters: int) -> float:
+    start = perf_counter()
+    for _ in range(iters):
+        for call in calls:
+            call()
+    return perf_counter() - start
+
+
+def _measure_blocking(dist: Any, plan: Plan, job: Job, rank: int) -> Sample:
+    calls = _calls(dist, plan, job, rank)
+    estimate = _estimate([_time_blocking(calls, 1) for _ in range(plan.warmup)], plan)
+    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+    iters = plan.choose_iters(float(estimate[0]))
+    seconds = []
+    for _ in range(plan.reps):
+        dist.barrier()
+        with _gc_off():
+            seconds.append(_time_blocking(calls, iters) / iters)
+    return Sample(iters, tuple(seconds))
+
+
+def facade_rank(plan: Plan) -> list[Sample]:
+    """Rank body: measure every job through ``import asyncdist as dist`` (env:// rendezvous)."""
+    import asyncdist as dist
+
+    dist.init_process_group()
+    try:
+        return [_measure_blocking(dist, plan, job, dist.get_rank()) for job in plan.jobs]
+    finally:
+        dist.destroy_process_group()
+
+
+def gloo_rank(plan: Plan, init_file: str) -> list[Sample]:
+    """Rank body: measure every job through torch.distributed's gloo backend.
+
+    Args:
+        init_file: a path that does not exist yet, for ``file://`` rendezvous
+            (no port to choose; gloo's own sockets take ephemeral ports).
+    """
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method=Path(init_file).as_uri(), rank=rank, world_size=plan.world_size)
+    try:
+        return [_measure_blocking(dist, plan, job, rank) for job in plan.jobs]
+    finally:
+        dist.destroy_process_group()
+
+
+# -- the await API ---------------------------------------------------------------
+
+
+async def _time_await(calls: Calls, iters: int) -> float:
+    start = perf_counter()
+    for _ in range(iters):
+        for call in calls:
+            await call()
+    return perf_counter() - start
+
+
+async def _measure_await(world: Any, plan: Plan, job: Job) -> Sample:
+    from ..ops import ReduceOp
+
+    calls = _calls(world, plan, job, world.rank)
+    estimate = _estimate([await _time_await(calls, 1) for _ in range(plan.warmup)], plan)
+    await world.all_reduce(estimate, ReduceOp.MAX)
+    iters = plan.choose_iters(float(estimate[0]))
+    seconds = []
+    for _ in range(plan.reps):
+        await world.barrier()
+        with _gc_off():
+            seconds.append(await _time_await(calls, iters) / iters)
+    return Sample(iters, tuple(seconds))
+
+
+async def _await_main(plan: Plan) -> list[Sample]:
+    from ..world import init_world
+
+    world = await init_world()
+    try:
+        return [await _measure_await(world, plan, job) for job in plan.jobs]
+    finally:
+        await world.close()
+
+
+def await_rank(plan: Plan) -> list[Sample]:
+    """Rank body: measure every job through the await API, on asyncdist's
+    event loop (uvloop unless ``ASYNCDIST_LOOP=asyncio``) in this thread."""
+    from ..loop_thread import new_event_loop
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(_await_main(plan))
+    finally:
+        loop.close()

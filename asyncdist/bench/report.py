@@ -1,0 +1,260 @@
+"""What a run prints: the header, nccl-tests-style tables, summaries, json.
+
+Pure formatting over :class:`~asyncdist.bench.runner.Row` values: nothing
+here starts a process or reads a clock. One table per op, one line per
+size; each series under test gets a column group (time, algbw, busbw), then
+come the derived columns: the facade's overhead over the await API (small
+sizes only, where it is not lost in data movement) and the ratio
+``gloo time / asyncdist time`` (> 1: asyncdist is faster).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable
+
+from .cases import CASES
+from .plan import SERIES, Plan, Series, format_bytes
+from .runner import Row
+
+__all__ = [
+    "OVERHEAD_MAX_BYTES", "FACADE_TARGET_US", "environment", "header", "tables", "summary", "facade_overheads", "gloo_ratios", "to_json",
+]
+
+#: The facade's per-call overhead is reported for rows up to this size; above
+#: it, copying the data dominates and the difference is mostly noise.
+OVERHEAD_MAX_BYTES = 64 << 10
+
+#: What the issue asks of the blocking facade: at most this much per call over the await API.
+FACADE_TARGET_US = 20
+
+_AWAIT, _FACADE, _GLOO = SERIES["await"], SERIES["facade"], SERIES["gloo"]
+
+Cells = dict[Series, Row]  # one size of one op: the row of each series
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment(loop: str) -> dict[str, str]:
+    """Versions for the header and the json (no library is imported).
+
+    Args:
+        loop: the event loop the asyncdist ranks run (``"uvloop"``/``"asyncio"``).
+    """
+    return {
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "numpy": _version("numpy"),
+        "asyncdist": _version("asyncdist"),
+        "loop": loop if loop == "asyncio" else f"{loop} {_version('uvloop')}",
+        "platform": platform.platform(),
+        "cpus": str(os.cpu_count()),
+    }
+
+
+def header(command: str, env: dict[str, str], plan: Plan, series: list[Series], sweep: str) -> list[str]:
+    """The lines printed before any result: command, versions, method."""
+    lines = [
+        f"# {command}",
+        "# " + " | ".join(f"{name} {env[name]}" for name in ("python", "torch", "numpy", "asyncdist", "loop")),
+        f"# {env['platform']}, {env['cpus']} CPUs",
+        f"# {plan.world_size} ranks on this host, {plan.dtype} ({plan.array} buffers), sizes {sweep}",
+        f"# series: {', '.join(s.title for s in series)} (each in its own processes, one after the other)",
+        f"# per op and size: warm-up calls {plan.warmup}, then {plan.reps} repetitions of "
+        + (f"{plan.iters} calls" if plan.iters else f">= {plan.min_rep_s * 1e3:g} ms (<= {plan.max_iters} calls)"),
+        "# time = median over repetitions of the slowest rank's time per call; GB/s = 1e9 bytes/s",
+    ]
+    if any(s.library == "gloo" for s in series):
+        lines.append("# ratio = gloo time / asyncdist time: > 1 means asyncdist is faster")
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    group: str
+    name: str
+    unit: str
+    width: int
+    cell: Callable[[Cells], str]
+
+
+def _num(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _any(cells: Cells) -> Row:
+    return next(iter(cells.values()))
+
+
+def _columns(series: list[Series]) -> list[_Column]:
+    columns = [
+        _Column("", "size", "(B)", 11, lambda c: str(_any(c).nbytes)),
+        _Column("", "count", "(elements)", 11, lambda c: str(_any(c).count)),
+        _Column("", "type", "", 8, lambda c: _any(c).dtype if _any(c).count else "-"),
+    ]
+    for s in series:
+        columns += [
+            _Column(s.label, "time", "(us)", 10, lambda c, s=s: _num(_time(c, s))),
+            _Column(s.label, "algbw", "(GB/s)", 7, lambda c, s=s: _num(c[s].algbw if s in c else None)),
+            _Column(s.label, "busbw", "(GB/s)", 7, lambda c, s=s: _num(c[s].busbw if s in c else None)),
+        ]
+    mine = [s for s in series if s.library == "asyncdist"]
+    if _AWAIT in series and _FACADE in series:
+        columns.append(_Column("facade", "overhead", "(us)", 8, lambda c: _num(_overhead(c), "+.1f")))
+    for s in mine if _GLOO in series else ():
+        unit = f"(gloo/{s.api})" if len(mine) == 2 else "(gloo/asyncdist)"
+        columns.append(_Column("", "ratio", unit, 8, lambda c, s=s: _num(_ratio(c, s))))
+    return columns
+
+
+def _time(cells: Cells, series: Series) -> float | None:
+    return cells[series].time_us if series in cells else None
+
+
+def _ratio(cells: Cells, mine: Series) -> float | None:
+    """gloo's time / ``mine``'s, where both ran."""
+    theirs, ours = _time(cells, _GLOO), _time(cells, mine)
+    return theirs / ours if theirs and ours else None
+
+
+def _overhead(cells: Cells) -> float | None:
+    """The facade's time - the await API's, for small sizes where both ran."""
+    blocking, awaited = _time(cells, _FACADE), _time(cells, _AWAIT)
+    if blocking is None or awaited is None or _any(cells).nbytes > OVERHEAD_MAX_BYTES:
+        return None
+    return blocking - awaited
+
+
+def _grouped(rows: list[Row]) -> dict[str, dict[int, Cells]]:
+    """rows -> op -> size in bytes -> series -> row (ops and sizes in run order)."""
+    result: dict[str, dict[int, Cells]] = {}
+    for row in rows:
+        result.setdefault(row.op, {}).setdefault(row.nbytes, {})[row.series] = row
+    return result
+
+
+def _line(texts: list[str], widths: list[int], lead: str = " ") -> str:
+    return lead + "  ".join(text.rjust(width) for text, width in zip(texts, widths))
+
+
+def _group_line(columns: list[_Column], widths: list[int]) -> str:
+    parts, i = [], 0
+    while i < len(columns):
+        j = i
+        while j < len(columns) and columns[j].group == columns[i].group:
+            j += 1
+        span = sum(widths[i:j]) + 2 * (j - i - 1)
+        parts.append(columns[i].group.center(span, "-" if columns[i].group else " "))
+        i = j
+    return ("#" + "  ".join(parts)).rstrip()
+
+
+def tables(rows: list[Row], series: list[Series]) -> list[str]:
+    """One table per op, as nccl-tests prints them."""
+    columns = _columns(series)
+    widths = [max(c.width, len(c.name), len(c.unit)) for c in columns]
+    lines: list[str] = []
+    for op, sizes in _grouped(rows).items():
+        n = _any(next(iter(sizes.values()))).world_size
+        lines += ["", f"# {op}, {n} ranks: {CASES[op].note}", _group_line(columns, widths)]
+        lines.append(_line([c.name for c in columns], widths, "#"))
+        lines.append(_line([c.unit for c in columns], widths, "#"))
+        lines += [_line([c.cell(cells) for c in columns], widths) for cells in sizes.values()]
+    return lines
+
+
+def facade_overheads(rows: list[Row]) -> dict[str, float]:
+    """Per op, the median over sizes <= OVERHEAD_MAX_BYTES of facade time - await time (us)."""
+    result = {}
+    for op, sizes in _grouped(rows).items():
+        known = [d for cells in sizes.values() if (d := _overhead(cells)) is not None]
+        if known:
+            result[op] = statistics.median(known)
+    return result
+
+
+def gloo_ratios(rows: list[Row], mine: Series) -> dict[str, float]:
+    """Per op, the geometric mean over sizes of gloo time / ``mine``'s time."""
+    result = {}
+    for op, sizes in _grouped(rows).items():
+        ratios = [r for cells in sizes.values() if (r := _ratio(cells, mine))]
+        if ratios:
+            result[op] = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    return result
+
+
+def summary(rows: list[Row], series: list[Series]) -> list[str]:
+    """Closing lines: the ratio per op, and the facade's overhead against its target."""
+    lines = [""]
+    if any(s.library == "gloo" for s in series):
+        for s in (s for s in series if s.library == "asyncdist"):
+            ratios = gloo_ratios(rows, s)
+            lines.append(f"# gloo / {s.title} time, geometric mean over sizes (> 1: asyncdist faster):")
+            lines.append("#   " + ", ".join(f"{op} {r:.2f}" for op, r in ratios.items()))
+    overheads = facade_overheads(rows)
+    if overheads:
+        lines.append(
+            f"# facade overhead per call (facade - await time, median over sizes <= {format_bytes(OVERHEAD_MAX_BYTES)}),"
+            f" target <= {FACADE_TARGET_US} us:"
+        )
+        lines.append("#   " + ", ".join(f"{op} {us:+.1f} us" for op, us in overheads.items()))
+    return lines if len(lines) > 1 else []
+
+
+def _row_json(row: Row, cells: Cells) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "op": row.op,
+        "bytes": row.nbytes,
+        "count": row.count,
+        "dtype": row.dtype,
+        "library": row.series.library,
+        "api": row.series.api,
+        "world_size": row.world_size,
+        "time_us": row.time_us,
+        "algbw_gbps": row.algbw,
+        "busbw_gbps": row.busbw,
+        "iters": row.iters,
+        "reps_us": list(row.reps_us),
+    }
+    if row.series.library == "asyncdist" and _GLOO in cells:
+        out["gloo_ratio"] = _ratio(cells, row.series)
+    if row.series == _FACADE and _AWAIT in cells:
+        out["facade_overhead_us"] = row.time_us - cells[_AWAIT].time_us
+    return out
+
+
+def to_json(
+    command: str, env: dict[str, str], plan: Plan, sizes: list[int], series: list[Series], rows: list[Row]
+) -> dict[str, Any]:
+    """The machine-readable report: one entry in ``rows`` per (op, size, library, api)."""
+    grouped = _grouped(rows)
+    config = {
+        "world_size": plan.world_size,
+        "dtype": plan.dtype,
+        "array": plan.array,
+        "sizes": sizes,
+        "ops": list(dict.fromkeys(job.op for job in plan.jobs)),
+        "warmup": plan.warmup,
+        "reps": plan.reps,
+        "iters": plan.iters,
+        "min_rep_ms": plan.min_rep_s * 1e3,
+        "max_iters": plan.max_iters,
+        "series": [f"{s.library}:{s.api}" for s in series],
+    }
+    return {
+        "command": command,
+        "environment": env,
+        "config": config,
+        "rows": [_row_json(row, grouped[row.op][row.nbytes]) for row in rows],
+        "facade_overhead_us": facade_overheads(rows),
+    }
