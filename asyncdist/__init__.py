@@ -35,18 +35,12 @@ from .facade_collectives import (
     all_gather,
     all_gather_into_tensor,
     all_gather_single,
-    all_reduce,
-    all_reduce_coalesced,
     all_to_all,
     all_to_all_single,
     barrier,
     broadcast,
     gather,
     monitored_barrier,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_single,
-    reduce_scatter_tensor,
     scatter,
 )
 from .facade_groups import (
@@ -69,8 +63,16 @@ from .facade_objects import (
     scatter_object_list,
     send_object_list,
 )
+from .facade_reductions import (
+    all_reduce,
+    all_reduce_coalesced,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+)
 from .process_group import ProcessGroup
-from .ops import ReduceOp
+from .reduce_op import ReduceOp
 from .rendezvous.file_store import FileStore
 from .rendezvous.hash_store import HashStore
 from .rendezvous.store import PrefixStore, Store

@@ -70,7 +70,7 @@ class Channel:
     """
 
     __slots__ = (
-        "_engine", "_ranks", "_ctx", "_timeout", "_group_name", "_on_close", "seq", "op", "deadline", "rank", "size",
+        "_engine", "_ranks", "_members", "_ctx", "_timeout", "_group_name", "_on_close", "seq", "op", "deadline", "rank", "size",
     )
 
     def __init__(
@@ -88,6 +88,8 @@ class Channel:
     ) -> None:
         self._engine = engine
         self._on_close = on_close
+        # Every member this call depends on: losing any of them fails its receives.
+        self._members = frozenset(ranks) - {engine.rank}
         self._ranks = ranks
         self._ctx = ctx
         self._timeout = timeout
@@ -115,7 +117,7 @@ class Channel:
 
     def start_recv(self, buf: HostBuffer, peer: int) -> PostedRecv:
         """Post a receive into ``buf`` from group rank ``peer``."""
-        return self._engine.post_recv(self._ctx, self._ranks[peer], self.seq, buf, op=self.op)
+        return self._engine.post_recv(self._ctx, self._ranks[peer], self.seq, buf, self._members, op=self.op)
 
     async def wait_send(self, future: asyncio.Future | None, peer: int) -> None:
         """Wait for a send started with :meth:`start_send`."""

@@ -4,15 +4,17 @@ One :class:`Engine` per rank (per process, or per simulated rank in a
 one-loop test world). It knows ranks, contexts and tags, never group names
 or collectives. It owns:
 
-* the listening socket and the accept loop (strangers are refused there);
-* one :class:`~asyncdist.transport.stream.Connection` per peer, the higher
-  rank dialing the lower one so each pair has exactly one stream;
+* one :class:`~asyncdist.transport.stream.Connection` per peer; the
+  :class:`~asyncdist.transport.mesh.Mesh` listens, accepts (strangers are
+  refused there) and dials, the higher rank of each pair dialing the lower;
 * the :class:`~asyncdist.matching.Matcher`: a payload whose header matches a
   posted receive is read straight into that receive's buffer; otherwise it
   lands in an engine-owned buffer and is copied once when its receive comes;
 * failure propagation: when a peer's stream ends, every receive that depends
   on that peer fails with :class:`PeerLostError`, now and later, and every
-  send to it fails too. Peers that are not involved are unaffected.
+  send to it fails too. Peers that are not involved are unaffected. A peer
+  that goes silent without closing its stream is found by the
+  :class:`~asyncdist.transport.heartbeat.Heartbeat` and lost the same way.
 
 Loop thread only. ``send`` and ``post_recv`` are plain functions that start
 the operation and return a future; nothing here blocks.
@@ -41,7 +43,8 @@ from .errors import (
 )
 from .handshake import Identity
 from .matching import Inbound, Matcher, PostedRecv
-from .transport.connect import accept_handshake, dial, open_listener
+from .transport.heartbeat import Heartbeat, HeartbeatConfig
+from .transport.mesh import Mesh
 from .transport.stream import Connection
 from .wire import DEFAULT_MAX_PAYLOAD_BYTES, FrameDecoder, Header, Kind, encode_header
 
@@ -80,6 +83,8 @@ class Engine:
         max_payload: the largest message accepted from a peer, in bytes.
         handshake_timeout: seconds an incoming connection may take to
             authenticate before it is dropped.
+        heartbeat: ping and silence settings (None: from the environment,
+            see :mod:`asyncdist.transport.heartbeat`).
     """
 
     def __init__(
@@ -88,19 +93,20 @@ class Engine:
         *,
         max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
         handshake_timeout: float = 30.0,
+        heartbeat: HeartbeatConfig | None = None,
     ) -> None:
         self.me = me
         self.rank = me.rank
         self.world_size = me.world_size
         self._max_payload = max_payload
-        self._handshake_timeout = handshake_timeout
         self._matcher = Matcher()
         self._connections: dict[int, Connection] = {}
         self._lost: dict[int, PeerLostError] = {}
+        self._left: set[int] = set()  # lost peers that said goodbye (BYE) first
         self._sinks: dict[int, _PeerSink] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._listener: socket.socket | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
+        self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._peer_lost)
         self._all_connected: asyncio.Future | None = None
         self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
         self._next_context = 0
@@ -113,9 +119,8 @@ class Engine:
         """Listen on an ephemeral port of ``host``; return (host, port) to publish."""
         self._loop = asyncio.get_running_loop()
         self._all_connected = self._loop.create_future()
-        self._listener = open_listener(host)
-        self.address = (host, self._listener.getsockname()[1])
-        self._spawn(self._accept_loop())
+        self.address = await self._mesh.listen(host)
+        self._heartbeat.start()
         if self.world_size == 1:
             self._all_connected.set_result(None)
         return self.address
@@ -127,18 +132,10 @@ class Engine:
             RendezvousError: not all peers connected within ``timeout`` seconds.
             PeerLostError, HandshakeError: a lower rank could not be reached.
         """
-        assert self._loop is not None and self._all_connected is not None, "listen() first"
-        loop = self._loop
-
-        async def dial_one(peer: int) -> None:
-            host, port = addresses[peer]
-            self._attach(peer, await dial(loop, host, port, self.me, peer))
-
+        assert self._all_connected is not None, "listen() first"
+        dials = (self._mesh.dial(peer, *addresses[peer]) for peer in range(self.rank))
         try:
-            await asyncio.wait_for(
-                asyncio.gather(*(dial_one(peer) for peer in range(self.rank)), asyncio.shield(self._all_connected)),
-                timeout,
-            )
+            await asyncio.wait_for(asyncio.gather(*dials, asyncio.shield(self._all_connected)), timeout)
         except asyncio.TimeoutError:
             missing = sorted(set(range(self.world_size)) - set(self._connections) - {self.rank})
             raise RendezvousError(
@@ -154,37 +151,8 @@ class Engine:
         if len(self._connections) == self.world_size - 1 and not self._all_connected.done():
             self._all_connected.set_result(None)
 
-    async def _accept_loop(self) -> None:
-        assert self._loop is not None and self._listener is not None
-        while True:
-            try:
-                sock, _ = await self._loop.sock_accept(self._listener)
-            except OSError as exc:
-                if self.closed:
-                    return
-                log.warning("rank %d: accept failed: %s", self.rank, exc)
-                continue
-            self._spawn(self._admit(sock))
-
-    async def _admit(self, sock: socket.socket) -> None:
-        try:
-            peer = await asyncio.wait_for(accept_handshake(self._loop, sock, self.me), self._handshake_timeout)
-        except asyncio.TimeoutError:
-            log.warning("rank %d: dropped a connection that did not finish the handshake in time", self.rank)
-            sock.close()
-            return
-        if peer is None:
-            return
-        if peer < self.rank or peer in self._connections or peer in self._lost or self.closed:
-            log.warning("rank %d: refused an unexpected second connection from rank %d", self.rank, peer)
-            sock.close()
-            return
-        self._attach(peer, sock)
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _wants(self, peer: int) -> bool:
+        return not (peer in self._connections or peer in self._lost or self.closed)
 
     def new_context(self) -> int:
         """Return a fresh context id (the same on every rank that calls in the same order)."""
@@ -229,9 +197,9 @@ class Engine:
         if inbound is not None:
             self._deliver_unexpected(inbound, recv)
             return recv
-        failed = self._lost_among((src,) if src is not None else sources) or self._aborted.get((ctx, tag))
+        failed = self._fatal_loss(recv) or self._aborted.get((ctx, tag))
         if failed is not None:
-            recv.future.set_exception(failed)
+            _fail(recv.future, failed)
             return recv
         self._matcher.post(recv)
         return recv
@@ -246,8 +214,7 @@ class Engine:
             self._aborted.popitem(last=False)
         self._matcher.drop_call(ctx, tag)
         for recv in self._matcher.take_call(ctx, tag):
-            if not recv.future.done():
-                recv.future.set_exception(error)
+            _fail(recv.future, error)
 
     def send_abort(self, ranks: Iterable[int], ctx: int, tag: int, error: BaseException) -> None:
         """Tell ``ranks`` that call (ctx, tag) failed here with ``error`` (best effort)."""
@@ -283,6 +250,8 @@ class Engine:
         return memoryview(target.data)
 
     def _finish_frame(self, sink: _PeerSink, header: Header) -> None:
+        if header.kind == Kind.PING:  # the heartbeat: receiving it was the point
+            return
         if header.kind == Kind.BYE:
             error = PeerLostError(f"rank {sink.rank} closed its process group", sink.rank)
             self._peer_lost(sink.rank, error, orderly=True)
@@ -303,6 +272,8 @@ class Engine:
     def _route(self, sink: _PeerSink, header: Header) -> PostedRecv | Inbound:
         if header.src != sink.rank:
             raise ProtocolError(f"rank {sink.rank} sent a frame claiming to come from rank {header.src}")
+        if header.kind != Kind.DATA:
+            raise ProtocolError(f"rank {sink.rank} sent a frame of kind {header.kind} with a payload")
         recv = self._matcher.take_posted(header)
         if recv is not None:
             error = self._misfit(header, recv)
@@ -356,10 +327,32 @@ class Engine:
             return ClosedError(f"rank {self.rank}: the process group is closed")
         return self._lost.get(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
 
-    def _lost_among(self, ranks) -> PeerLostError | None:
-        for rank in ranks:
-            if rank in self._lost:
-                return self._lost[rank]
+    def _fatal_loss(self, recv: PostedRecv) -> PeerLostError | None:
+        """The loss that dooms ``recv``: its sender's, or for a receive with
+        ``sources`` (any-source, or a collective's members) see _lost_among."""
+        if recv.src is not None and recv.src in self._lost:
+            return self._lost[recv.src]
+        if recv.op is not None:
+            # A collective cannot complete once a member crashed. A member that
+            # left in order (BYE) flushed its part first: that fails nobody.
+            return next((self._lost[r] for r in recv.sources if r in self._lost and r not in self._left), None)
+        return self._lost_among(recv.sources) if recv.src is None else None
+
+    def _lost_among(self, ranks: Iterable[int]) -> PeerLostError | None:
+        """The error that makes a receive from ``ranks`` hopeless, if any.
+
+        One named sender: it is gone. Any of several senders (``src=None``):
+        one of them crashed (it may have been the sender, as in MPI's ULFM),
+        or all of them are gone. A sender that closed in order said it will
+        send nothing more, which fails nobody while others may still send.
+        """
+        ranks = list(ranks)
+        gone = [rank for rank in ranks if rank in self._lost]
+        crashed = [rank for rank in gone if rank not in self._left]
+        if crashed:
+            return self._lost[crashed[0]]
+        if gone and len(gone) == len(ranks):
+            return self._lost[gone[-1]]
         return None
 
     def _peer_lost(self, rank: int, error: PeerLostError, orderly: bool = False) -> None:
@@ -370,23 +363,24 @@ class Engine:
         if rank in self._lost:
             return
         self._lost[rank] = error
+        if orderly:
+            self._left.add(rank)
         connection = self._connections.pop(rank, None)
         if connection is not None:
-            connection.close()
+            connection.close(error)
         if not self.closed:
             log.log(logging.INFO if orderly else logging.WARNING, "rank %d lost rank %d: %s", self.rank, rank, error)
         sink = self._sinks.pop(rank, None)
         current = sink.current if sink is not None else None
         if isinstance(current, PostedRecv):
-            if not current.future.done():
-                current.future.set_exception(error)
+            _fail(current.future, error)
         elif isinstance(current, Inbound):
             current.failure = error
-            if current.waiter is not None and not current.waiter.future.done():
-                current.waiter.future.set_exception(error)
-        for recv in self._matcher.take_dependents(rank):
-            if not recv.future.done():
-                recv.future.set_exception(error)
+            if current.waiter is not None:
+                _fail(current.waiter.future, error)
+        hopeless = lambda recv: self._fatal_loss(recv) is not None  # noqa: E731
+        for recv in self._matcher.take_dependents(rank, hopeless):
+            _fail(recv.future, self._fatal_loss(recv) or error)
 
     async def close(self) -> None:
         """Say goodbye to every peer, flush what was sent, close every socket.
@@ -396,6 +390,7 @@ class Engine:
         if self.closed:
             return
         self.closed = True
+        await self._heartbeat.stop()
         bye = encode_header(Header(Kind.BYE, 0, self.rank, 0, 0, "uint8", (), 0))
         drains = []
         for connection in self._connections.values():
@@ -413,13 +408,19 @@ class Engine:
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
         for recv in self._matcher.take_all():
-            if not recv.future.done():
-                recv.future.set_exception(closed)
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._listener is not None:
-            self._listener.close()
+            _fail(recv.future, closed)
+        await self._mesh.close()
         if self._all_connected is not None and not self._all_connected.done():
             self._all_connected.cancel()
+
+
+def _fail(future: asyncio.Future, error: BaseException) -> None:
+    """Fail a receive's future, unless it is done already.
+
+    Marked as retrieved: whoever awaits it still gets the error, but the
+    receives of a failed collective that nobody awaits any more (its later
+    steps) must not be logged by asyncio as "never retrieved".
+    """
+    if not future.done():
+        future.set_exception(error)
+        future.exception()

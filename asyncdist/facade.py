@@ -256,10 +256,14 @@ def isend(
     g = _group(group)
     if g.rank < 0:
         return None
+    return _start("isend()", g.isend, tensor, _destination(g, dst, group_dst), tag)
+
+
+def _destination(g: ProcessGroup, dst: int | None, group_dst: int | None) -> int:
     target = _group_peer(g, dst, group_dst, "dst")
     if target is None:
-        raise InvalidArgumentError("isend needs dst or group_dst")
-    return _start("isend()", g.isend, tensor, target, tag)
+        raise InvalidArgumentError("send needs dst or group_dst")
+    return target
 
 
 def irecv(
@@ -296,9 +300,9 @@ def send(
         tensor = torch.ones(4)
         dist.send(tensor, dst=1)
     """
-    work = isend(tensor, dst, group, tag, group_dst)
-    if work is not None:
-        work.wait()
+    g = _group(group)
+    if g.rank >= 0:  # one round trip to the loop thread
+        _portal().run(g.send(tensor, _destination(g, dst, group_dst), tag), what="send()")
 
 
 def recv(
@@ -326,7 +330,8 @@ def recv(
         tensor = torch.zeros(4)
         sender = dist.recv(tensor)   # from whoever sends first
     """
-    work = irecv(tensor, src, group, tag, group_src)
-    if work is None:
+    g = _group(group)
+    if g.rank < 0:
         return -1
-    return _group(group).ranks[work.value()]
+    sender = _portal().run(g.recv(tensor, _group_peer(g, src, group_src, "src"), tag), what="recv()")
+    return g.ranks[sender]

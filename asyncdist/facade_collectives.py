@@ -6,7 +6,15 @@ loop thread as a Task, wraps it in a :class:`~asyncdist.work.Work`, and
 returns the Work (``async_op=True``) or waits for it and returns None. The
 checks, algorithms and error messages all live below, in the await API.
 
-torch's rules, kept here:
+This module owns the ``Group`` alias that every facade module takes,
+:func:`_submit` and :func:`_root`, which the facade's other group calls share
+(the reductions in :mod:`asyncdist.facade_reductions`, the object collectives
+in :mod:`asyncdist.facade_objects`), and the collectives that move data
+without combining it (broadcast, the gathers, scatter, all_to_all) and the
+barriers. It knows nothing of reduction ops: the collectives that take an
+``op=`` are :mod:`asyncdist.facade_reductions`'.
+
+torch's rules, kept here and in :mod:`asyncdist.facade_reductions`:
 
 * a rank that is not in ``group`` (including ``GroupMember.NON_GROUP_MEMBER``)
   returns None at once and touches nothing;
@@ -28,22 +36,15 @@ from typing import Any, Callable, Coroutine, Sequence
 from .errors import InvalidArgumentError, OperationTimeoutError
 from .facade import _group, _group_peer, _portal
 from .process_group import ProcessGroup
-from .ops import ReduceOp
 from .work import Work
 
 __all__ = [
     "broadcast",
-    "all_reduce",
-    "all_reduce_coalesced",
-    "reduce",
     "all_gather",
     "all_gather_into_tensor",
     "all_gather_single",
     "gather",
     "scatter",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "reduce_scatter_single",
     "all_to_all",
     "all_to_all_single",
     "barrier",
@@ -70,13 +71,14 @@ def _submit(
     if g.rank < 0:
         return None
     portal = _portal()
+    if not async_op:  # one round trip to the loop thread: start, run and wait together
+        return portal.run(operation(g), what=f"{what}()")
 
     def start() -> Work:
         # operation(g) runs on the loop thread: argument errors raise here, at once.
         return Work(portal.loop.create_task(operation(g)), f"{what} on group {g.name!r}", list(outputs))
 
-    work = portal.call(start, what=f"{what}()")
-    return work if async_op else work.value()
+    return portal.call(start, what=f"{what}()")
 
 
 def _root(g: ProcessGroup, peer: int | None, group_peer: int | None, name: str, default: int | None = None) -> int:
@@ -121,84 +123,6 @@ def broadcast(
         dist.broadcast(t, src=0)
     """
     return _submit(group, "broadcast", lambda g: g.broadcast(tensor, _root(g, src, group_src, "src")), async_op, [tensor])
-
-
-def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
-    """Combine ``tensor`` of every rank with ``op``; every rank gets the result in place.
-
-    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
-
-    Args:
-        tensor: a torch CPU tensor or NumPy array, same dtype and size on every rank.
-        op: a ``ReduceOp`` (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR) or
-            the result of ``make_premul_sum``.
-        group: the process group (default: the world).
-        async_op: return a Work instead of waiting.
-
-    Returns:
-        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
-
-    Raises:
-        InvalidArgumentError: ``op`` does not apply to the dtype (e.g. AVG on integers).
-        CollectiveMismatchError: ranks disagree on the op, dtype or size.
-        PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
-
-    Example::
-
-        t = torch.ones(3) * (dist.get_rank() + 1)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)   # 1 + 2 + ... + world size
-    """
-    return _submit(group, "all_reduce", lambda g: g.all_reduce(tensor, op), async_op, [tensor])
-
-
-def all_reduce_coalesced(tensors: Sequence[Any], op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
-    """All-reduce each tensor of ``tensors`` in place, as one call.
-
-    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
-
-    Args:
-        tensors: tensors or arrays; the list must match on every rank.
-        op, group, async_op: as for :func:`all_reduce`.
-
-    Returns:
-        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
-
-    Raises:
-        As :func:`all_reduce`.
-    """
-    tensors = list(tensors)
-    return _submit(group, "all_reduce_coalesced", lambda g: g.all_reduce_coalesced(tensors, op), async_op, tensors)
-
-
-def reduce(
-    tensor: Any,
-    dst: int | None = None,
-    op: Any = ReduceOp.SUM,
-    group: Group = None,
-    async_op: bool = False,
-    group_dst: int | None = None,
-) -> Work | None:
-    """Combine ``tensor`` of every rank with ``op`` into ``dst``'s ``tensor`` (others unchanged).
-
-    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
-
-    Args:
-        tensor: the input everywhere, the output on ``dst``.
-        dst: the destination's global rank (or give ``group_dst``).
-        op: as for :func:`all_reduce`.
-        group: the process group (default: the world).
-        async_op: return a Work instead of waiting.
-        group_dst: the destination's rank within ``group``.
-
-    Returns:
-        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
-
-    Raises:
-        InvalidArgumentError: neither or both of ``dst`` and ``group_dst``; a bad ``op``.
-        InvalidRankError: ``dst`` is not in ``group``.
-        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_reduce`.
-    """
-    return _submit(group, "reduce", lambda g: g.reduce(tensor, _root(g, dst, group_dst, "dst"), op), async_op, [tensor])
 
 
 def all_gather(tensor_list: list, tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
@@ -320,62 +244,6 @@ def scatter(
     return _submit(
         group, "scatter", lambda g: g.scatter(tensor, scatter_list, _root(g, src, group_src, "src", 0)), async_op, [tensor]
     )
-
-
-def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
-    """Combine every rank's ``input_list[i]`` with ``op`` into ``output`` of group rank i.
-
-    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
-
-    Args:
-        output: this rank's result; like each ``input_list`` item.
-        input_list: one input per group rank.
-        op: as for :func:`all_reduce`.
-        group: the process group (default: the world).
-        async_op: return a Work instead of waiting.
-
-    Returns:
-        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
-
-    Raises:
-        InvalidArgumentError: wrong list length, dtypes or sizes; a bad ``op``.
-        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_reduce`.
-    """
-    return _submit(group, "reduce_scatter", lambda g: g.reduce_scatter(output, input_list, op), async_op, [output])
-
-
-def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
-    """Combine every rank's ``input`` with ``op``; group rank i gets its i-th slice in ``output``.
-
-    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
-
-    Args:
-        output: this rank's result.
-        input: ``world size`` times the elements of ``output`` (concatenated or stacked).
-        op: as for :func:`all_reduce`.
-        group: the process group (default: the world).
-        async_op: return a Work instead of waiting.
-
-    Returns:
-        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
-
-    Raises:
-        InvalidArgumentError: ``input`` has the wrong dtype or size; a bad ``op``.
-        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_reduce`.
-    """
-    return _reduce_scatter_tensor("reduce_scatter_tensor", output, input, op, group, async_op)
-
-
-def reduce_scatter_single(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
-    """torch 2.13's name for :func:`reduce_scatter_tensor`; same arguments, same result.
-
-    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
-    """
-    return _reduce_scatter_tensor("reduce_scatter_single", output, input, op, group, async_op)
-
-
-def _reduce_scatter_tensor(what: str, output: Any, input: Any, op: Any, group: Group, async_op: bool) -> Work | None:
-    return _submit(group, what, lambda g: g.reduce_scatter_tensor(output, input, op), async_op, [output])
 
 
 def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Group = None, async_op: bool = False) -> Work | None:

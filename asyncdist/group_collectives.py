@@ -22,7 +22,7 @@ from .collectives.barrier import dissemination_barrier
 from .collectives.direct import copy_into, direct_all_to_all, direct_gather, direct_scatter
 from .collectives.ring import even_slots, ring_all_gather, ring_reduce_scatter
 from .errors import InvalidArgumentError
-from .ops import ReduceOp
+from .reduce_op import ReduceOp
 from .staging import Writeback, staged
 
 __all__ = ["CollectiveMethods"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .buffers import HostBuffer
 from .wire import Header
@@ -35,8 +35,9 @@ class PostedRecv:
     Attributes:
         ctx, src, tag: what it matches (``src=None``: any source).
         buf: the destination buffer.
-        sources: for ``src=None``, the global ranks that may send (the group's
-            members), so that losing one of them can fail this receive.
+        sources: the global ranks this receive depends on besides ``src``:
+            for ``src=None`` the possible senders, for a collective's receive
+            the call's other members; losing one of them can fail it.
         op: for a collective, the description of the call; a message whose
             sender was in another call does not fit (``None``: no check).
         future: completed by the engine with the matched :class:`Header`.
@@ -173,17 +174,30 @@ class Matcher:
 
     # -- failures ----------------------------------------------------------
 
-    def take_dependents(self, rank: int) -> list[PostedRecv]:
+    def take_dependents(
+        self, rank: int, any_source_fails: Callable[[PostedRecv], bool] = lambda recv: True
+    ) -> list[PostedRecv]:
         """Remove and return every posted receive that waits on ``rank``: those
-        naming it, and any-source receives whose possible senders include it."""
+        naming it, and those whose ``sources`` include it (any-source receives,
+        collective receives) for which ``any_source_fails`` says the loss is fatal."""
         taken: list[PostedRecv] = []
         for key in [k for k in self._posted if k[1] == rank]:
             taken.extend(self._posted.pop(key))
+        for key, queue in list(self._posted.items()):  # named senders, but rank is a co-member
+            hit = [r for r in queue if rank in r.sources and any_source_fails(r)]
+            if hit:
+                keep = deque(r for r in queue if r not in hit)
+                taken.extend(hit)
+                if keep:
+                    self._posted[key] = keep
+                else:
+                    del self._posted[key]
         for key, queue in list(self._posted_any.items()):
-            keep = deque(r for r in queue if rank not in r.sources)
-            if len(keep) == len(queue):
+            hit = [r for r in queue if rank in r.sources and any_source_fails(r)]
+            if not hit:
                 continue
-            taken.extend(r for r in queue if rank in r.sources)
+            keep = deque(r for r in queue if r not in hit)
+            taken.extend(hit)
             if keep:
                 self._posted_any[key] = keep
             else:

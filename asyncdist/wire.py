@@ -72,6 +72,7 @@ class Kind(IntEnum):
     DATA = 1  # a message for the matching engine
     BYE = 2  # orderly close: the sender will send nothing more
     ABORT = 3  # the sender's collective call (ctx, tag) failed; op holds why
+    PING = 4  # heartbeat on an idle stream: nothing to deliver, proves the peer is alive
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from .process_group import ProcessGroup
 from .rendezvous.bootstrap import bootstrap
 from .rendezvous.init_method import resolve
 from .rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
+from .transport.heartbeat import HeartbeatConfig
 
 __all__ = ["init_world", "DEFAULT_TIMEOUT"]
 
@@ -43,6 +44,7 @@ async def init_world(
     timeout: timedelta | float | None = None,
     group_name: str = "",
     store_prefix: str = "asyncdist",
+    heartbeat: HeartbeatConfig | None = None,
 ) -> ProcessGroup:
     """Join the job and return its world group (loop thread; returns when all ranks joined).
 
@@ -56,12 +58,19 @@ async def init_world(
         group_name: the world group's name, in error messages.
         store_prefix: the key prefix used in the store (distinct per
             initialisation when one store serves several).
+        heartbeat: how often idle connections are pinged and how long a
+            silent peer is trusted (None: ``ASYNCDIST_HEARTBEAT_INTERVAL`` /
+            ``ASYNCDIST_HEARTBEAT_TIMEOUT``, default 5 s / 30 s; see
+            :mod:`asyncdist.transport.heartbeat`).
 
     Raises:
         RendezvousError: see :func:`asyncdist.rendezvous.init_method.resolve`
             and :func:`asyncdist.rendezvous.bootstrap.bootstrap`.
+        InvalidArgumentError: a bad heartbeat setting.
     """
     seconds = to_seconds(timeout)
+    if heartbeat is None:  # read now: a bad setting fails before the rendezvous, not in it
+        heartbeat = HeartbeatConfig.from_env()
     loop = asyncio.get_running_loop()
     plan = await loop.run_in_executor(
         STORE_EXECUTOR,
@@ -69,7 +78,8 @@ async def init_world(
     )
     try:
         engine = await bootstrap(
-            PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds
+            PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds,
+            heartbeat=heartbeat,
         )
     except BaseException:
         if plan.owns_store:

@@ -136,7 +136,7 @@ async def _time_await(calls: Calls, iters: int) -> float:
 
 
 async def _measure_await(world: Any, plan: Plan, job: Job) -> Sample:
-    from ..ops import ReduceOp
+    from ..reduce_op import ReduceOp
 
     calls = _calls(world, plan, job, world.rank)
     estimate = _estimate([await _time_await(calls, 1) for _ in range(plan.warmup)], plan)

@@ -14,7 +14,9 @@ and ``ASYNCDIST_JOB_ID`` (unless the environment has them) and hands them to
 its workers through their environment only. On several nodes it cannot make
 them for the other nodes: the same secret must come from the environment of
 every launcher (the job script exports it); without one, rank 0 makes one and
-shares it through the store, and the launcher says so on stderr. The job id
+shares it through the store, and the launcher says so on stderr. The store it
+serves (or joins) is authenticated with the job's secret when there is one, so
+that only the job's workers can use it. The job id
 is ``--rdzv-id``, else ``ASYNCDIST_JOB_ID``, else (single node) a fresh one.
 
 This module starts no process; :mod:`.supervisor` does.
@@ -81,7 +83,8 @@ class Job:
         # interface, since MASTER_ADDR may resolve to a loopback alias on node 0 itself.
         host = cfg.master_addr if serve and cfg.nnodes == 1 else ("" if serve else cfg.master_addr)
         try:
-            return TCPStore(host, cfg.master_port, is_master=serve, timeout=JOIN_TIMEOUT, wait_for_workers=False)
+            return TCPStore(host, cfg.master_port, is_master=serve, timeout=JOIN_TIMEOUT, wait_for_workers=False,
+                            secret=self.secret or "")  # the workers' secret: only they may use the store
         except StoreError as exc:
             what = "serve the job's store on" if serve else "reach node 0's store at"
             raise LaunchError(f"cannot {what} {cfg.master_addr}:{cfg.master_port}: {exc}") from exc

@@ -24,6 +24,7 @@ import uuid
 from ..engine import Engine
 from ..errors import RendezvousError, StoreTimeoutError
 from ..handshake import Identity
+from ..transport.heartbeat import HeartbeatConfig
 from .store import Store
 
 __all__ = ["bootstrap", "SECRET_ENV", "JOB_ID_ENV"]
@@ -66,7 +67,9 @@ async def _shared_value(store: Store, key: str, rank: int, make: str | None, dea
     return (await store.async_get(key)).decode()
 
 
-async def bootstrap(store: Store, rank: int, world_size: int, *, host: str, timeout: float) -> Engine:
+async def bootstrap(
+    store: Store, rank: int, world_size: int, *, host: str, timeout: float, heartbeat: HeartbeatConfig | None = None
+) -> Engine:
     """Connect this rank to every other rank of the job.
 
     Args:
@@ -74,6 +77,7 @@ async def bootstrap(store: Store, rank: int, world_size: int, *, host: str, time
         rank, world_size: this rank and the job's size (validated by the caller).
         host: the address to listen on and publish.
         timeout: seconds the whole rendezvous may take.
+        heartbeat: the engine's heartbeat settings (None: from the environment).
 
     Raises:
         RendezvousError: duplicate rank, world size mismatch, or a rank missing
@@ -91,7 +95,7 @@ async def bootstrap(store: Store, rank: int, world_size: int, *, host: str, time
 
     secret = os.environ.get(SECRET_ENV) or await _shared_value(store, "secret", rank, secrets.token_hex(32), deadline)
     job_id = os.environ.get(JOB_ID_ENV) or await _shared_value(store, "job_id", rank, uuid.uuid4().hex, deadline)
-    engine = Engine(Identity(job_id, rank, world_size, secret.encode()))
+    engine = Engine(Identity(job_id, rank, world_size, secret.encode()), heartbeat=heartbeat)
     try:
         listen_host, port = await engine.listen(host)
         await store.async_set(f"rank/{rank}/address", f"{listen_host}:{port}")

@@ -9,6 +9,24 @@ It must not know sockets, event loops, clocks or the store's data: bytes go in,
 messages come out, and the server (:mod:`.tcp_server`) and the client
 (:mod:`.tcp_store`) do the I/O.
 
+Authentication, when the server has a secret: before anything else, the client
+asks for a challenge and proves that it knows the secret, and the server proves
+it back, so that neither side trusts a stranger::
+
+    client                                    server
+      [OP_CHALLENGE]                      ->
+                                          <-  [STATUS_OK, server_nonce]
+      [OP_AUTH, client_nonce, proof_c]    ->
+                                          <-  [STATUS_OK, proof_s] | [STATUS_DENIED, why]
+
+``proof_c = HMAC-SHA256(secret, "store-client|" server_nonce "|" client_nonce)``
+and ``proof_s`` the same with ``"store-server"``: fresh nonces on both sides
+make a recorded exchange useless, and the secret never crosses the wire. A
+server without a secret answers the challenge with ``None``. Any other request
+on a connection that has not authenticated is answered ``STATUS_DENIED`` and
+the connection closed; until then frames are limited to
+:data:`MAX_AUTH_FRAME_BYTES`.
+
 Invariants: a length over :data:`MAX_FRAME_BYTES` is refused from the header
 alone, before anything is allocated for the body; :func:`decode_request` checks
 every argument's type, so the server's handlers see only well-formed calls;
@@ -18,6 +36,8 @@ every malformed input raises :class:`~asyncdist.errors.ProtocolError` (a
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import struct
 from collections.abc import Callable
@@ -32,7 +52,8 @@ __all__ = [
     "HEADER_BYTES", "MAX_FRAME_BYTES", "OP_NAMES",
     "OP_SET", "OP_GET", "OP_ADD", "OP_COMPARE_SET", "OP_WAIT",
     "OP_CHECK", "OP_DELETE", "OP_NUM_KEYS", "OP_JOIN", "OP_WAIT_WORKERS",
-    "STATUS_OK", "STATUS_TIMEOUT", "STATUS_INVALID",
+    "OP_CHALLENGE", "OP_AUTH", "MAX_AUTH_FRAME_BYTES", "NONCE_BYTES", "auth_proof",
+    "STATUS_OK", "STATUS_TIMEOUT", "STATUS_INVALID", "STATUS_DENIED",
     "FrameDecoder", "decode_request", "decode_response", "encode_frame", "frame_length",
 ]
 
@@ -46,12 +67,21 @@ HEADER_BYTES = _HEADER.size
 
 OP_SET, OP_GET, OP_ADD, OP_COMPARE_SET, OP_WAIT = 1, 2, 3, 4, 5
 OP_CHECK, OP_DELETE, OP_NUM_KEYS, OP_JOIN, OP_WAIT_WORKERS = 6, 7, 8, 9, 10
-STATUS_OK, STATUS_TIMEOUT, STATUS_INVALID = 0, 1, 2
+OP_CHALLENGE, OP_AUTH = 11, 12
+STATUS_OK, STATUS_TIMEOUT, STATUS_INVALID, STATUS_DENIED = 0, 1, 2, 3
+
+#: Largest frame accepted on a connection that has not authenticated: the
+#: authentication requests are under 100 bytes, and a stranger must not make
+#: the server buffer megabytes.
+MAX_AUTH_FRAME_BYTES = 1024
+#: Bytes of each side's nonce.
+NONCE_BYTES = 16
 
 #: The Store method each op serves, for error messages.
 OP_NAMES = {OP_SET: "set", OP_GET: "get", OP_ADD: "add", OP_COMPARE_SET: "compare_set",
             OP_WAIT: "wait", OP_CHECK: "check", OP_DELETE: "delete_key",
-            OP_NUM_KEYS: "num_keys", OP_JOIN: "join", OP_WAIT_WORKERS: "wait_for_workers"}
+            OP_NUM_KEYS: "num_keys", OP_JOIN: "join", OP_WAIT_WORKERS: "wait_for_workers",
+            OP_CHALLENGE: "challenge", OP_AUTH: "authenticate"}
 
 
 def _is_seconds(x: Any) -> bool:
@@ -70,12 +100,22 @@ def _is_bytes(x: Any) -> bool:
     return isinstance(x, bytes)
 
 
+def _is_nonce(x: Any) -> bool:
+    return isinstance(x, bytes) and len(x) == NONCE_BYTES
+
+
 _SIGNATURES: dict[int, tuple[Callable[[Any], bool], ...]] = {
     OP_SET: (_is_str, _is_bytes), OP_GET: (_is_str, _is_seconds), OP_ADD: (_is_str, is_int),
     OP_COMPARE_SET: (_is_str, _is_bytes, _is_bytes), OP_WAIT: (_is_keys, _is_seconds),
     OP_CHECK: (_is_keys,), OP_DELETE: (_is_str,), OP_NUM_KEYS: (), OP_JOIN: (),
-    OP_WAIT_WORKERS: (is_int, _is_seconds),
+    OP_WAIT_WORKERS: (is_int, _is_seconds), OP_CHALLENGE: (), OP_AUTH: (_is_nonce, _is_bytes),
 }
+
+
+def auth_proof(secret: bytes, role: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """The HMAC-SHA256 with which ``role`` ("client" or "server") proves it knows ``secret``."""
+    message = b"store-" + role.encode() + b"|" + server_nonce + b"|" + client_nonce
+    return hmac.new(secret, message, hashlib.sha256).digest()
 
 
 # -- frames -----------------------------------------------------------------
@@ -106,10 +146,16 @@ def frame_length(header: bytes) -> int:
 
 
 class FrameDecoder:
-    """Split a byte stream into frame bodies (sans-I/O). ``feed`` returns whole bodies."""
+    """Split a byte stream into frame bodies (sans-I/O). ``feed`` returns whole bodies.
 
-    def __init__(self) -> None:
+    Attributes:
+        max_frame: the largest body accepted (at most :data:`MAX_FRAME_BYTES`);
+            the server lowers it until a connection has authenticated.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
         self._buf = bytearray()
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add received bytes; return the complete frame bodies, oldest first.
@@ -120,7 +166,10 @@ class FrameDecoder:
         self._buf += data
         bodies = []
         while len(self._buf) >= HEADER_BYTES:
-            end = HEADER_BYTES + frame_length(bytes(self._buf[:HEADER_BYTES]))
+            length = frame_length(bytes(self._buf[:HEADER_BYTES]))
+            if length > self.max_frame:
+                raise FrameTooLargeError(f"store frame announces {length} bytes, limit {self.max_frame} here")
+            end = HEADER_BYTES + length
             if len(self._buf) < end:
                 break
             bodies.append(bytes(self._buf[HEADER_BYTES:end]))
@@ -163,6 +212,6 @@ def decode_response(body: bytes) -> tuple[int, Any]:
         ProtocolError: not msgpack, or not ``[status, value]`` with a known status.
     """
     message = _unpack(body, "reply")
-    if len(message) != 2 or message[0] not in (STATUS_OK, STATUS_TIMEOUT, STATUS_INVALID):
+    if len(message) != 2 or message[0] not in (STATUS_OK, STATUS_TIMEOUT, STATUS_INVALID, STATUS_DENIED):
         raise ProtocolError(f"store reply is malformed: {message[:3]!r}")
     return message[0], message[1]

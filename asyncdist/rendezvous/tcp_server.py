@@ -22,13 +22,19 @@ Invariants:
   no waiter outlives its client.
 * A malformed frame, or more than :data:`_MAX_PIPELINED` queued requests, closes
   that connection only, logged on ``asyncdist.store``; the server serves on.
+* With a secret, a connection is served nothing before it has authenticated
+  (:mod:`.tcp_protocol` describes the exchange): any other request is refused
+  with ``STATUS_DENIED``, logged, and the connection closed, as is a connection
+  that has not authenticated within :data:`_AUTH_SECONDS`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable, Hashable
@@ -37,19 +43,27 @@ from typing import Any
 from ..errors import InvalidArgumentError, ProtocolError, StoreError
 from .store_rules import apply_add, apply_compare_set
 from .tcp_protocol import (
+    MAX_AUTH_FRAME_BYTES,
+    MAX_FRAME_BYTES,
+    NONCE_BYTES,
     OP_ADD,
+    OP_AUTH,
+    OP_CHALLENGE,
     OP_CHECK,
     OP_COMPARE_SET,
     OP_DELETE,
     OP_GET,
     OP_JOIN,
+    OP_NAMES,
     OP_NUM_KEYS,
     OP_SET,
     OP_WAIT,
+    STATUS_DENIED,
     STATUS_INVALID,
     STATUS_OK,
     STATUS_TIMEOUT,
     FrameDecoder,
+    auth_proof,
     decode_request,
     encode_frame,
 )
@@ -60,6 +74,40 @@ logger = logging.getLogger("asyncdist.store")
 
 _MAX_PIPELINED = 64  # requests queued on one connection before it is refused
 _WORKERS = object()  # the waiter key of wait_for_workers
+# Seconds a connection may take to authenticate (a client does it right after
+# connecting; this only bounds how long a stranger may hold a socket).
+_AUTH_SECONDS = 30.0
+
+
+class _Gate:
+    """One connection's authentication, server side (open at once without a secret)."""
+
+    __slots__ = ("_secret", "_nonce", "open")
+
+    def __init__(self, secret: bytes | None) -> None:
+        self._secret = secret
+        self._nonce: bytes | None = None
+        self.open = secret is None
+
+    def answer(self, op: int, args: list) -> list:
+        """The reply to a challenge, an authentication, or a request before either."""
+        secret = self._secret
+        if op == OP_CHALLENGE:
+            self._nonce = None if secret is None else os.urandom(NONCE_BYTES)
+            return [STATUS_OK, self._nonce]
+        if op == OP_AUTH:
+            if secret is None:
+                return [STATUS_INVALID, "this store has no secret: there is nothing to authenticate"]
+            nonce, self._nonce = self._nonce, None
+            if nonce is None:
+                return [STATUS_DENIED, "authentication without a challenge"]
+            client_nonce, proof = args
+            if not hmac.compare_digest(proof, auth_proof(secret, "client", nonce, client_nonce)):
+                return [STATUS_DENIED, "wrong secret"]
+            self.open = True
+            return [STATUS_OK, auth_proof(secret, "server", nonce, client_nonce)]
+        return [STATUS_DENIED, f"{OP_NAMES[op]} before authenticating: this store has a secret; give the "
+                               "client the job's secret (ASYNCDIST_SECRET, or TCPStore(secret=...))"]
 
 
 class _Connection(asyncio.Protocol):
@@ -67,7 +115,9 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: StoreServer) -> None:
         self._server = server
-        self._decoder = FrameDecoder()
+        self._gate = _Gate(server.secret)
+        self._decoder = FrameDecoder(MAX_FRAME_BYTES if self._gate.open else MAX_AUTH_FRAME_BYTES)
+        self._expiry: asyncio.TimerHandle | None = None
         self._pending: collections.deque[bytes] = collections.deque()
         self._task: asyncio.Task | None = None
         self._writable = asyncio.Event()
@@ -78,6 +128,11 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport = transport  # type: ignore[assignment]
         self._peer = transport.get_extra_info("peername")
         self._server.connections.add(self)
+        if not self._gate.open:
+            self._expiry = asyncio.get_running_loop().call_later(_AUTH_SECONDS, self._auth_expired)
+
+    def _auth_expired(self) -> None:
+        self.drop(ProtocolError(f"did not authenticate within {_AUTH_SECONDS:g} s"))
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -95,7 +150,15 @@ class _Connection(asyncio.Protocol):
             while self._pending:
                 await self._writable.wait()
                 op, args = decode_request(self._pending.popleft())
-                reply = await self._server.handle(op, args)
+                if op in (OP_CHALLENGE, OP_AUTH) or not self._gate.open:
+                    reply = self._gate.answer(op, args)
+                    if reply[0] == STATUS_DENIED:
+                        self._refuse(reply)
+                        return
+                    if self._gate.open:
+                        self._authenticated()
+                else:
+                    reply = await self._server.handle(op, args)
                 self._transport.write(encode_frame(reply))
         except ProtocolError as exc:
             self.drop(exc)
@@ -104,6 +167,19 @@ class _Connection(asyncio.Protocol):
             self.drop(exc)
         finally:
             self._task = None
+
+    def _authenticated(self) -> None:
+        self._decoder.max_frame = MAX_FRAME_BYTES
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    def _refuse(self, reply: list) -> None:
+        """Answer an unauthenticated request with its refusal, then close."""
+        logger.warning("TCPStore server: refused the connection from %s: %s", self._peer, reply[1])
+        self._pending.clear()
+        self._transport.write(encode_frame(reply))
+        self._transport.close()  # after the refusal is written
 
     def drop(self, exc: BaseException) -> None:
         logger.warning("TCPStore server: closing the connection from %s: %s", self._peer, exc)
@@ -117,6 +193,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self._task is not None:
             self._task.cancel()  # its finally removes its waiter
         self._writable.set()
@@ -127,9 +205,11 @@ class StoreServer:
     """The keys and their waiters, served on ``sock`` by an event loop in a daemon thread.
 
     The constructor returns once the server is listening; :meth:`stop` ends it.
+    With a ``secret``, clients must authenticate before they are served.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, secret: bytes | None = None) -> None:
+        self.secret = secret
         self.port: int = sock.getsockname()[1]
         self.tenants = 1  # TCPStores of this process sharing it (multi_tenant)
         self.connections: set[_Connection] = set()
@@ -276,22 +356,27 @@ _TENANTS: dict[int, StoreServer] = {}
 _TENANTS_LOCK = threading.Lock()
 
 
-def open_server(host: str, port: int, listen_fd: int | None, multi_tenant: bool) -> StoreServer:
+def open_server(host: str, port: int, listen_fd: int | None, multi_tenant: bool,
+                secret: bytes | None = None) -> StoreServer:
     """Start a server on ``host:port`` (or on ``listen_fd``), or share one (any thread).
 
     A ``multi_tenant`` caller gets the running multi-tenant server of ``port`` when
     there is one, and becomes one more of its tenants. Pair each call with one
-    :func:`release_server`.
+    :func:`release_server`. With a ``secret``, clients must authenticate.
 
     Raises:
         StoreError: cannot listen on ``host:port``.
+        InvalidArgumentError: the shared server of ``port`` has another secret.
     """
     with _TENANTS_LOCK:
         server = _TENANTS.get(port) if multi_tenant else None
         if server is not None:
+            if server.secret != secret:
+                raise InvalidArgumentError(f"TCPStore: the multi_tenant store on port {port} was started "
+                                           "with another secret")
             server.tenants += 1
             return server
-        server = StoreServer(_listen(host, port, listen_fd))
+        server = StoreServer(_listen(host, port, listen_fd), secret)
         if multi_tenant:
             _TENANTS[server.port] = server
         return server

@@ -22,10 +22,19 @@ the store's address. Workers are counted by a ``JOIN`` request each TCPStore
 sends when it is constructed, not by a key (torch uses a key), so
 ``num_keys`` counts the user's keys only. ``use_libuv`` is accepted for torch
 compatibility and ignored.
+
+Authentication: a TCPStore with a secret (``secret=``, else ``ASYNCDIST_SECRET``)
+serves only clients that prove they know it, and as a client it authenticates
+each connection right after connecting, and requires the server to prove it
+knows the secret too (:mod:`.tcp_protocol` has the exchange). A client with a
+secret refuses a server without one, and a server with one refuses a client
+without: both sides must be given the same secret.
 """
 
 from __future__ import annotations
 
+import hmac
+import os
 import socket
 import threading
 import time
@@ -44,7 +53,10 @@ from .store import DEFAULT_TIMEOUT, Store
 from .store_rules import is_int
 from .tcp_protocol import (
     HEADER_BYTES,
+    NONCE_BYTES,
     OP_ADD,
+    OP_AUTH,
+    OP_CHALLENGE,
     OP_CHECK,
     OP_COMPARE_SET,
     OP_DELETE,
@@ -55,9 +67,11 @@ from .tcp_protocol import (
     OP_SET,
     OP_WAIT,
     OP_WAIT_WORKERS,
+    STATUS_DENIED,
     STATUS_INVALID,
     STATUS_OK,
     STATUS_TIMEOUT,
+    auth_proof,
     decode_response,
     encode_frame,
     frame_length,
@@ -67,6 +81,19 @@ from .tcp_server import StoreServer, open_server, release_server
 __all__ = ["TCPStore"]
 
 _REPLY_SLACK = 10.0  # seconds a client waits for a reply beyond the request's timeout
+# The job's secret when none is passed (the variable the rendezvous reads too).
+_SECRET_ENV = "ASYNCDIST_SECRET"
+
+
+def _as_secret(secret: str | bytes | None) -> bytes | None:
+    """``secret=`` as bytes: None reads ``ASYNCDIST_SECRET``; empty means no secret."""
+    if secret is None:
+        secret = os.environ.get(_SECRET_ENV, "")
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, bytes):
+        raise InvalidArgumentError(f"TCPStore: secret must be str, bytes or None, got {type(secret).__name__}")
+    return secret or None
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -82,10 +109,12 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 class _Client:
-    """Blocking connections to one store server, one per calling thread."""
+    """Blocking connections to one store server, one per calling thread,
+    each authenticated first when there is a ``secret``."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, secret: bytes | None = None) -> None:
         self.where = f"{host}:{port}"
+        self._secret = secret
         self._addr = ("127.0.0.1" if host in ("", "0.0.0.0") else host, port)
         self._local = threading.local()
         self._sockets: set[socket.socket] = set()
@@ -114,7 +143,44 @@ class _Client:
                 sock.close()
                 raise ClosedError(f"TCPStore: the client of {self.where} is closed")
             self._sockets.add(sock)
+        if self._secret is not None:
+            try:
+                self._authenticate(sock, timeout)
+            except BaseException:
+                self._discard(sock)
+                raise
         return sock
+
+    def _authenticate(self, sock: socket.socket, timeout: float) -> None:
+        """Prove to the server that we know the secret, and have it prove it back.
+
+        Raises:
+            StoreError: the server has no secret or another one, or cannot be reached.
+        """
+        secret = self._secret
+        assert secret is not None
+        client_nonce = os.urandom(NONCE_BYTES)
+        try:
+            sock.settimeout(timeout + _REPLY_SLACK)
+            _, server_nonce = self._round_trip(sock, encode_frame([OP_CHALLENGE]))
+            if not isinstance(server_nonce, bytes) or len(server_nonce) != NONCE_BYTES:
+                raise StoreError(f"TCPStore: the store at {self.where} does not authenticate its clients (it has "
+                                 "no secret) but this client has one; give both the same secret")
+            proof = auth_proof(secret, "client", server_nonce, client_nonce)
+            status, answer = self._round_trip(sock, encode_frame([OP_AUTH, client_nonce, proof]))
+        except (OSError, ProtocolError) as exc:
+            raise StoreError(f"TCPStore: authenticating with the store at {self.where} failed: {exc}") from exc
+        if status == STATUS_DENIED:
+            raise StoreError(f"TCPStore: the store at {self.where} refused this client: {answer} "
+                             "(not the store's secret?)")
+        expected = auth_proof(secret, "server", server_nonce, client_nonce)
+        if not isinstance(answer, bytes) or not hmac.compare_digest(answer, expected):
+            raise StoreError(f"TCPStore: the store at {self.where} failed to prove that it knows the secret")
+
+    @staticmethod
+    def _round_trip(sock: socket.socket, frame: bytes) -> tuple[int, Any]:
+        sock.sendall(frame)
+        return decode_response(_recv_exact(sock, frame_length(_recv_exact(sock, HEADER_BYTES))))
 
     def _discard(self, sock: socket.socket) -> None:
         self._local.sock = None
@@ -137,8 +203,7 @@ class _Client:
             sock = self._local.sock = self._connect(store_timeout)
         try:
             sock.settimeout(timeout + _REPLY_SLACK)
-            sock.sendall(frame)
-            status, value = decode_response(_recv_exact(sock, frame_length(_recv_exact(sock, HEADER_BYTES))))
+            status, value = self._round_trip(sock, frame)
         except (OSError, ProtocolError) as exc:
             self._discard(sock)
             if self._closed:
@@ -148,6 +213,9 @@ class _Client:
                         f"{exc}") from exc
         if status == STATUS_INVALID:
             raise InvalidArgumentError(value)
+        if status == STATUS_DENIED:
+            self._discard(sock)
+            raise StoreError(f"TCPStore.{OP_NAMES[op]}: the store at {self.where} refused the request: {value}")
         return status, value
 
     def close(self) -> None:
@@ -178,11 +246,15 @@ class TCPStore(Store):
         multi_tenant: masters of this process with the same port share one server.
         master_listen_fd: a bound, listening socket for the master to serve on.
         use_libuv: ignored (torch's backend switch).
+        secret: the job's secret (str or bytes), which every client must prove
+            it knows before it is served; None reads ``ASYNCDIST_SECRET``, and
+            ``""`` means no authentication. Keyword-only; not in torch.
 
     Raises:
         StoreError: the master cannot listen on ``host_name:port``.
         StoreTimeoutError: the master is unreachable, or too few workers joined,
             within ``timeout``.
+        StoreError: the client and the server do not have the same secret.
 
     Example:
         >>> master = TCPStore("127.0.0.1", 0, world_size=2, is_master=True,
@@ -193,8 +265,10 @@ class TCPStore(Store):
     def __init__(self, host_name: str, port: int, world_size: int | None = None,
                  is_master: bool = False, timeout: timedelta = DEFAULT_TIMEOUT,
                  wait_for_workers: bool = True, multi_tenant: bool = False,
-                 master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
+                 master_listen_fd: int | None = None, use_libuv: bool = True, *,
+                 secret: str | bytes | None = None) -> None:
         super().__init__(timeout)
+        key = _as_secret(secret)
         if not is_int(port) or not 0 <= port <= 65535 or (port == 0 and not is_master):
             raise InvalidArgumentError(f"TCPStore: bad port {port!r} (a client needs the master's)")
         if world_size == -1:  # torch's "unknown"
@@ -204,10 +278,10 @@ class TCPStore(Store):
         self._host = host_name
         self._server: StoreServer | None = None
         if is_master:
-            self._server = open_server(host_name, port, master_listen_fd, multi_tenant)
+            self._server = open_server(host_name, port, master_listen_fd, multi_tenant, key)
             port = self._server.port
         self._port = port
-        self._client = _Client(host_name, port)
+        self._client = _Client(host_name, port, key)
         try:
             self._call(OP_JOIN)
             if is_master and world_size is not None and wait_for_workers:

@@ -4,8 +4,9 @@ The parent serves the job's TCPStore on an ephemeral port (no fixed ports,
 no races for one) and starts the ranks with the environment a launcher
 gives: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT`` and ``TORCHELASTIC_USE_AGENT_STORE=True`` (the ranks join
-the parent's store instead of serving one), plus the job's secret. So
-``dist.init_process_group()`` with no arguments works inside ``fn``.
+the parent's store instead of serving one), plus the job's secret, which
+the store is authenticated with too. So ``dist.init_process_group()`` with
+no arguments works inside ``fn``.
 
 A rank that raises makes ``spawn`` stop the others and re-raise that error
 with the rank and the remote traceback (the first error raised, not a peer's
@@ -106,17 +107,18 @@ def spawn(
     """
     ctx = _context()
     results = ctx.Queue()
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     base_env = {
         "WORLD_SIZE": str(n),
         "LOCAL_WORLD_SIZE": str(n),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(store.port),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "ASYNCDIST_SECRET": secrets.token_hex(16),
         "ASYNCDIST_JOB_ID": uuid.uuid4().hex,
         **(env or {}),
     }
+    # The store is authenticated with the ranks' secret: only they may use it.
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, secret=base_env["ASYNCDIST_SECRET"])
+    base_env["MASTER_PORT"] = str(store.port)
     procs = [
         ctx.Process(
             target=_rank_main,

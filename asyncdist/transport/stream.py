@@ -61,6 +61,10 @@ class Connection:
         decoder: the frame decoder that receives this stream's bytes.
         on_lost: called once with the :class:`PeerLostError` when the stream
             ends or fails for any reason other than :meth:`close`.
+
+    Attributes:
+        last_received, last_sent: loop time of the last bytes read from the
+            peer and of the last frame queued for it (for the heartbeat).
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class Connection:
         self._writes: deque[_PendingWrite] = deque()
         self._writer_armed = False
         self.closed = False
+        self.last_received = self.last_sent = loop.time()
         loop.add_reader(self._fd, self._on_readable)
 
     # -- writing -----------------------------------------------------------
@@ -94,6 +99,7 @@ class Connection:
         """
         if self.closed:
             raise PeerLostError(f"connection to rank {self.peer} is closed", self.peer)
+        self.last_sent = self._loop.time()
         views = deque((memoryview(header),))
         if payload is not None and payload.nbytes:
             views.append(payload)
@@ -158,6 +164,7 @@ class Connection:
                 if n == 0:
                     self._lose(f"rank {self.peer} closed the connection", None)
                     return
+                self.last_received = self._loop.time()
                 decoder.buffer_updated(n)
                 if n < view.nbytes:
                     return  # drained what the kernel had
@@ -182,10 +189,11 @@ class Connection:
         self._shutdown(error)
         self._on_lost(error)
 
-    def close(self) -> None:
-        """Close the socket at once; pending sends fail with PeerLostError."""
+    def close(self, error: PeerLostError | None = None) -> None:
+        """Close the socket at once; pending sends fail with ``error`` (by
+        default a PeerLostError saying the connection was closed locally)."""
         if not self.closed:
-            self._shutdown(PeerLostError(f"connection to rank {self.peer} was closed locally", self.peer))
+            self._shutdown(error or PeerLostError(f"connection to rank {self.peer} was closed locally", self.peer))
 
     async def drain(self) -> None:
         """Wait until every queued frame has been handed to the kernel."""

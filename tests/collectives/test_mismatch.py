@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from asyncdist.errors import CollectiveMismatchError
+from asyncdist.errors import CollectiveMismatchError, PeerLostError
 from asyncdist.ops import ReduceOp
 from asyncdist.testing import local_world
 
@@ -52,3 +52,14 @@ async def test_different_collectives_are_a_mismatch_and_the_group_stays_usable()
         await asyncio.gather(*(g.all_reduce(x) for g, x in zip(ranks, after)))
     for x in after:
         np.testing.assert_array_equal(x, [3.0, 3.0])
+
+
+async def test_a_crashed_member_fails_a_collective_waiting_on_another_live_member() -> None:
+    async with local_world(3) as (a, b, c):
+        # Rank 2 enters an all_reduce and waits on rank 1, which has not entered yet.
+        waiting = asyncio.ensure_future(c.all_reduce(np.ones(2)))
+        await asyncio.sleep(0)
+        a._engine._connections[2].close()  # rank 0's stream to rank 2 breaks, as in a crash
+        with pytest.raises(PeerLostError, match="rank 0") as info:
+            await asyncio.wait_for(waiting, 5)
+        assert info.value.rank == 0

@@ -87,7 +87,9 @@ class Model:
         return False
 
     def lose(self, rank: int) -> set[int]:
-        taken = [r for r in self.posted if r.src == rank or (r.src is None and rank in r.sources)]
+        # A receive depends on its named sender and on every rank in its
+        # sources (any-source candidates, or a collective's other members).
+        taken = [r for r in self.posted if r.src == rank or rank in r.sources]
         self.posted = [r for r in self.posted if r not in taken]
         return {r.label for r in taken}
 

@@ -240,8 +240,8 @@ async def test_losing_a_peer_fails_the_operations_that_wait_on_it() -> None:
         waiting = c.irecv(np.zeros(1), 0)
         waiting_any = c.irecv(np.zeros(1), None, tag=1)
         unrelated = c.irecv(np.zeros(1), 1, tag=2)
-        await a.close()
-        for work in (waiting, waiting_any):
+        a._engine._connections[2].close()  # rank 0's stream to rank 2 breaks: as a crash, seen from rank 2
+        for work in (waiting, waiting_any):  # any-source: the lost rank may have been the sender (ULFM)
             with pytest.raises(PeerLostError, match="rank 0") as info:
                 await work
             assert info.value.rank == 0
@@ -250,6 +250,22 @@ async def test_losing_a_peer_fails_the_operations_that_wait_on_it() -> None:
         # Ranks not involved carry on.
         await b.send(np.full(1, 3.0), 2, tag=2)
         assert await unrelated == 1
+
+
+async def test_a_rank_that_leaves_in_order_fails_only_what_names_it() -> None:
+    async with local_world(3) as (a, b, c):
+        named = c.irecv(np.zeros(1), 0)
+        from_anyone = c.irecv(np.zeros(1), None, tag=1)
+        await a.close()  # says goodbye: it will send nothing more
+        with pytest.raises(PeerLostError, match="rank 0 closed its process group"):
+            await named
+        assert not from_anyone.is_completed()  # rank 1 may still send
+        await b.send(np.full(1, 5.0), 2, tag=1)
+        assert await from_anyone == 1
+        last = c.irecv(np.zeros(1), None, tag=3)
+        await b.close()  # now every possible sender has gone
+        with pytest.raises(PeerLostError, match="rank 1"):
+            await last
 
 
 async def test_a_stranger_on_the_port_is_refused_and_the_rank_carries_on() -> None:
