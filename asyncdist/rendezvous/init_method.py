@@ -30,6 +30,7 @@ from .file_store import FileStore
 from .launchers import LAUNCHER_HINT, AttemptStore, placement
 from .store import Store
 from .tcp_store import TCPStore
+from .torch_store import AGENT_STORE_KIND_ENV, agent_store_is_torchs, torch_store_client
 
 __all__ = ["Plan", "resolve", "HOST_ENV", "AGENT_STORE_ENV"]
 
@@ -90,10 +91,14 @@ def advertise_host(master: str | None, environ: Mapping[str, str]) -> str:
 
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str]) -> Store:
     served_by_agent = environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1")
+    torchs = served_by_agent and agent_store_is_torchs(environ)  # torchrun's agent: torch's protocol
     try:
+        if torchs:
+            return torch_store_client(host, port, timeout)
         return TCPStore(host, port, world_size, is_master=(rank == 0 and not served_by_agent), timeout=timeout, wait_for_workers=False)
     except StoreError as exc:
-        raise RendezvousError(f"rank {rank}: cannot use the store at {host}:{port}: {exc}") from exc
+        hint = f" (if torchrun serves it, set {AGENT_STORE_KIND_ENV}=torch)" if served_by_agent and not torchs else ""
+        raise RendezvousError(f"rank {rank}: cannot use the store at {host}:{port}: {exc}{hint}") from exc
 
 
 def resolve(

@@ -1,0 +1,110 @@
+"""The backend's creator: from what torch passes to a running asyncdist group.
+
+torch calls :func:`create_backend` once per process group whose backend is
+``"asyncdist"``: for ``init_process_group`` and for every ``new_group``,
+on the member ranks only, with a store already prefixed for that group
+(``"<group name>/cpu/"`` over the job's store), the rank and size within the
+group, and the timeout.
+
+Each torch group is its own asyncdist world, bootstrapped over that store
+(:func:`asyncdist.init_world` with a :class:`~asyncdist.rendezvous.torch_store.TorchStore`):
+its own engine and connections, with the group's ranks as the world's ranks.
+Subgroups cannot share the default group's engine, because asyncdist numbers
+a group's message contexts by the order in which *every* rank creates groups
+(:mod:`asyncdist.group_subgroups`), and torch never calls the creator on the
+ranks outside a new group, so those ranks could not keep count. A world per
+group needs no such agreement, at the cost of one connection per pair of
+members per group.
+
+Every group of the process lives on one :class:`~asyncdist.loop_thread.LoopThread`,
+started by the first group and stopped when the last one is shut down
+(``destroy_process_group``). :data:`_runtime` is the one object that holds it.
+
+Thread affinity: torch calls the creator from the thread that creates the
+group; it blocks until every member has joined (as torch's own backends do).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from ..errors import InvalidArgumentError
+from ..loop_thread import LoopThread
+from ..rendezvous.torch_store import TorchStore
+from ..world import init_world
+from .process_group import AsyncdistProcessGroup
+
+__all__ = ["create_backend"]
+
+
+class _Runtime:
+    """The backend's state for this process: the loop thread and its groups."""
+
+    def __init__(self) -> None:
+        self.portal: LoopThread | None = None
+        self.groups: set[AsyncdistProcessGroup] = set()
+        # torch reuses group names after destroy_process_group ("0" is always
+        # the default group's); counting creations per name keeps each
+        # incarnation's keys apart in a store that outlives it (torchrun's).
+        self.created: dict[str, int] = {}
+
+    def loop_thread(self) -> LoopThread:
+        if self.portal is None:
+            self.portal = LoopThread(name="asyncdist-torch-loop")
+        return self.portal
+
+    def forget(self, group: AsyncdistProcessGroup) -> None:
+        self.groups.discard(group)
+        self.stop_if_idle()
+
+    def stop_if_idle(self) -> None:
+        if not self.groups and self.portal is not None:
+            portal, self.portal = self.portal, None
+            portal.stop()
+
+
+_runtime = _Runtime()
+
+
+def create_backend(options: Any, backend_options: Any = None) -> AsyncdistProcessGroup:
+    """Join the group torch is creating and return its ProcessGroup (blocking).
+
+    Args:
+        options: torch's ``_DistributedBackendOptions`` (``store``,
+            ``group_rank``, ``group_size``, ``timeout``, ``group_id``,
+            ``global_ranks_in_group``); torch passes it because the backend is
+            registered with ``extended_api=True``.
+        backend_options: ``pg_options`` of ``init_process_group`` / ``new_group``;
+            asyncdist has none, so it must be None.
+
+    Raises:
+        InvalidArgumentError: ``backend_options`` were given.
+        RendezvousError: the members could not connect (see :func:`asyncdist.init_world`).
+    """
+    if backend_options is not None:
+        raise InvalidArgumentError(f"the asyncdist backend takes no pg_options, got {backend_options!r}")
+    name = str(options.group_id)
+    generation = _runtime.created.get(name, 0)
+    _runtime.created[name] = generation + 1
+    members = list(options.global_ranks_in_group)  # empty for the default group
+    timeout: timedelta = options.timeout
+    portal = _runtime.loop_thread()
+    try:
+        world = portal.run(
+            init_world(
+                store=TorchStore(options.store),
+                rank=options.group_rank,
+                world_size=options.group_size,
+                timeout=timeout,
+                group_name=f"torch:{name}" + (f" (global ranks {members})" if members else ""),
+                store_prefix=f"asyncdist/{generation}",
+            ),
+            what="torch.distributed: creating an asyncdist process group",
+        )
+    except BaseException:
+        _runtime.stop_if_idle()
+        raise
+    group = AsyncdistProcessGroup(world, portal, _runtime.forget)
+    _runtime.groups.add(group)
+    return group

@@ -1,0 +1,265 @@
+"""``AsyncdistProcessGroup``: torch's ``ProcessGroup`` API over an asyncdist group.
+
+torch.distributed calls these methods with its own argument shapes (lists of
+tensors, ``*Options`` structs with a ``reduceOp`` and a ``rootRank``); each
+one picks out what asyncdist's await API takes, starts that coroutine (or
+``isend``/``irecv``) on the backend's loop thread, and returns a
+:class:`~.work.TorchWork` at once. Checks, algorithms and error messages all
+live below, in :class:`asyncdist.process_group.ProcessGroup`: this class
+only translates.
+
+Which names: torch's Python functions call ``allreduce``, ``broadcast``,
+``reduce``, ``allgather``, ``all_gather_single``, ``gather``, ``scatter``,
+``reduce_scatter``, ``reduce_scatter_single``, ``all_to_all_single``,
+``alltoall``, ``barrier``, ``send``, ``recv``, ``recv_anysource`` and the
+``*_coalesced`` variants; C++ callers (DDP's reducer) reach the same methods
+through torch's ``PyProcessGroup`` trampoline. The older names
+(``_allgather_base``, ``_reduce_scatter_base``, ``alltoall_base``,
+``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``) are
+aliases.
+
+Ordering: a collective takes its group's next call number when its
+coroutine first runs on the loop, and tasks first run in the order they
+were started, so the n-th collective started on every rank is matched with
+the n-th of the others, as torch requires. The coalesced calls start one
+task per tensor in the same step that starts the call, so nothing started
+later can take a number between them.
+
+Thread affinity: any thread but the loop's own (there the hop that starts
+an operation raises :class:`~asyncdist.errors.WrongThreadError`); ``.then()``
+callbacks of the Works' futures run on other threads (see :mod:`.work`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Coroutine, Sequence
+
+import torch.distributed as tdist
+
+from ..errors import InvalidArgumentError
+from ..loop_thread import LoopThread
+from ..process_group import ProcessGroup
+from ..work import Work
+from .work import TorchWork
+
+__all__ = ["AsyncdistProcessGroup", "BACKEND_NAME"]
+
+#: The name under which the backend is registered with torch.
+BACKEND_NAME = "asyncdist"
+
+Operation = Callable[[ProcessGroup], "Awaitable[Any] | Work"]
+
+
+def _one(tensors: Sequence[Any], what: str) -> Any:
+    """torch passes a list of one tensor per call (a list per device, once)."""
+    if len(tensors) != 1:
+        raise InvalidArgumentError(f"{what} takes one tensor per call on the asyncdist backend, got {len(tensors)}")
+    return tensors[0]
+
+
+def _splits(sizes: Sequence[int]) -> list[int] | None:
+    """torch's empty split list means "split evenly"; asyncdist's is None."""
+    return list(sizes) if len(sizes) else None
+
+
+def _together(calls: list[Coroutine[Any, Any, None]]) -> Awaitable[None]:
+    """Start ``calls`` now, in order (loop thread), and wait for all; the first error wins.
+
+    Their first steps are queued before anything started later, so each takes
+    its group's call number ahead of any later operation, on every rank.
+    """
+    tasks = [asyncio.ensure_future(call) for call in calls]
+
+    async def wait_all() -> None:
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    return wait_all()
+
+
+class AsyncdistProcessGroup(tdist.ProcessGroup):
+    """A torch ``ProcessGroup`` whose operations run on asyncdist.
+
+    Made by the backend's creator (:func:`asyncdist.torch_backend.backend.create_backend`),
+    one per torch group.
+
+    Args:
+        group: the asyncdist world that serves this torch group (its ranks
+            are the torch group's ranks).
+        portal: the process's loop thread, on which ``group`` lives.
+        on_shutdown: called once, with this group, after it is closed.
+    """
+
+    def __init__(self, group: ProcessGroup, portal: LoopThread, on_shutdown: Callable[[Any], None]) -> None:
+        super().__init__(group.rank, group.size)
+        self._group = group
+        self._portal = portal
+        self._on_shutdown: Callable[[Any], None] | None = on_shutdown
+        self._torch_name = self._torch_desc = ""
+
+    def __repr__(self) -> str:
+        return f"<AsyncdistProcessGroup {self._group.name!r} rank {self._group.rank}/{self._group.size}>"
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return BACKEND_NAME
+
+    # A ProcessGroup made in Python has no C++ backend to keep its name and
+    # description, where torch's base class looks for them; keep them here.
+    def setGroupName(self, name: str) -> None:  # noqa: N802 (torch's names, from here on)
+        self._torch_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._torch_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._torch_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._torch_desc
+
+    @property
+    def asyncdist_group(self) -> ProcessGroup:
+        """The asyncdist group underneath (loop thread only, as its methods are)."""
+        return self._group
+
+    # -- starting an operation ------------------------------------------------
+
+    def _start(self, what: str, operation: Operation, outputs: list) -> TorchWork:
+        """Start ``operation(group)`` on the loop thread; return its Work at once."""
+        group = self._group
+
+        def start() -> TorchWork:
+            op = operation(group)
+            work = op if isinstance(op, Work) else Work(
+                asyncio.ensure_future(op), f"{what} on group {group.name!r}", outputs)
+            return TorchWork(work, outputs)
+
+        return self._portal.call(start, what=f"{what}()")
+
+    # -- collectives ------------------------------------------------------------
+
+    def allreduce(self, tensors: list, opts: Any = None) -> TorchWork:
+        tensor, op = _one(tensors, "allreduce"), _op(opts)
+        return self._start("all_reduce", lambda g: g.all_reduce(tensor, op), [tensor])
+
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> TorchWork:
+        op = _op(opts)
+        return self._start("all_reduce_coalesced", lambda g: g.all_reduce_coalesced(tensors, op), list(tensors))
+
+    def broadcast(self, tensors: list, opts: Any = None) -> TorchWork:
+        tensor, root = _one(tensors, "broadcast"), _root(opts)
+        return self._start("broadcast", lambda g: g.broadcast(tensor, root), [tensor])
+
+    def reduce(self, tensors: list, opts: Any = None) -> TorchWork:
+        tensor, root, op = _one(tensors, "reduce"), _root(opts), _op(opts)
+        return self._start("reduce", lambda g: g.reduce(tensor, root, op), [tensor])
+
+    def allgather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
+        outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
+        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs))
+
+    def allgather_coalesced(self, output_lists: list, input_list: list, opts: Any = None) -> TorchWork:
+        # output_lists[r][i] receives rank r's input_list[i].
+        def operation(g: ProcessGroup) -> Awaitable[None]:
+            return _together([g.all_gather([per_rank[i] for per_rank in output_lists], tensor)
+                              for i, tensor in enumerate(input_list)])
+
+        return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank])
+
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> TorchWork:
+        return self._start("all_gather_into_tensor", lambda g: g.all_gather_into_tensor(output, input), [output])
+
+    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> TorchWork:
+        return self._start(
+            "all_gather_into_tensor_coalesced",
+            lambda g: _together([g.all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]),
+            list(outputs),
+        )
+
+    def gather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
+        tensor, root = _one(input_tensors, "gather"), _root(opts)
+        gather_list = output_tensors[0] if output_tensors else None  # only the root has a list
+        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []))
+
+    def scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
+        tensor, root = _one(output_tensors, "scatter"), _root(opts)
+        scatter_list = input_tensors[0] if input_tensors else None  # only the root has a list
+        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor])
+
+    def reduce_scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
+        output, inputs, op = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter"), _op(opts)
+        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output])
+
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> TorchWork:
+        op = _op(opts)
+        return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output])
+
+    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> TorchWork:
+        op = _op(opts)
+        return self._start(
+            "reduce_scatter_tensor_coalesced",
+            lambda g: _together([g.reduce_scatter_tensor(o, i, op) for o, i in zip(outputs, inputs, strict=True)]),
+            list(outputs),
+        )
+
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Sequence[int],
+                          input_split_sizes: Sequence[int], opts: Any = None) -> TorchWork:
+        out_splits, in_splits = _splits(output_split_sizes), _splits(input_split_sizes)
+        return self._start(
+            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output])
+
+    def alltoall(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
+        return self._start("all_to_all", lambda g: g.all_to_all(output_tensors, input_tensors), list(output_tensors))
+
+    def barrier(self, opts: Any = None) -> TorchWork:
+        return self._start("barrier", lambda g: g.barrier(), [])
+
+    # torch's older names for the same calls (C++ callers and older torch code).
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
+
+    # -- point to point ---------------------------------------------------------
+
+    def send(self, tensors: list, dst: int, tag: int) -> TorchWork:
+        tensor = _one(tensors, "send")
+        return self._start("send", lambda g: g.isend(tensor, dst, tag), [tensor])
+
+    def recv(self, tensors: list, src: int, tag: int) -> TorchWork:
+        tensor = _one(tensors, "recv")
+        return self._start("recv", lambda g: g.irecv(tensor, src, tag), [tensor])
+
+    def recv_anysource(self, tensors: list, tag: int) -> TorchWork:
+        tensor = _one(tensors, "recv")
+        return self._start("recv", lambda g: g.irecv(tensor, None, tag), [tensor])
+
+    # -- lifetime -----------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Close the asyncdist group: peers still waiting on this rank get
+        PeerLostError ("closed its process group"). torch's
+        ``destroy_process_group`` calls it; idempotent."""
+        on_shutdown, self._on_shutdown = self._on_shutdown, None
+        if on_shutdown is None:
+            return
+        try:
+            self._portal.run(self._group.close(), what="destroy_process_group()")
+        finally:
+            on_shutdown(self)
+
+    abort = shutdown
+
+
+def _op(opts: Any) -> Any:
+    """The reduction of a torch ``*Options`` (SUM when torch passed none)."""
+    return tdist.ReduceOp.SUM if opts is None else opts.reduceOp
+
+
+def _root(opts: Any) -> int:
+    """The root (a group rank) of a torch ``*Options``."""
+    return 0 if opts is None else opts.rootRank
