@@ -42,6 +42,7 @@ from .errors import (
     RendezvousError,
 )
 from .handshake import Identity
+from .losses import Losses
 from .matching import Inbound, Matcher, PostedRecv
 from .transport.heartbeat import Heartbeat, HeartbeatConfig
 from .transport.mesh import Mesh
@@ -101,8 +102,7 @@ class Engine:
         self._max_payload = max_payload
         self._matcher = Matcher()
         self._connections: dict[int, Connection] = {}
-        self._lost: dict[int, PeerLostError] = {}
-        self._left: set[int] = set()  # lost peers that said goodbye (BYE) first
+        self._losses = Losses()
         self._sinks: dict[int, _PeerSink] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
@@ -152,7 +152,7 @@ class Engine:
             self._all_connected.set_result(None)
 
     def _wants(self, peer: int) -> bool:
-        return not (peer in self._connections or peer in self._lost or self.closed)
+        return not (peer in self._connections or peer in self._losses or self.closed)
 
     def new_context(self) -> int:
         """Return a fresh context id (the same on every rank that calls in the same order)."""
@@ -197,7 +197,7 @@ class Engine:
         if inbound is not None:
             self._deliver_unexpected(inbound, recv)
             return recv
-        failed = self._fatal_loss(recv) or self._aborted.get((ctx, tag))
+        failed = self._losses.fatal_for(recv) or self._aborted.get((ctx, tag))
         if failed is not None:
             _fail(recv.future, failed)
             return recv
@@ -239,7 +239,7 @@ class Engine:
 
     def peer_error(self, rank: int) -> PeerLostError | None:
         """The error that ended the stream to ``rank``, if it has ended."""
-        return self._lost.get(rank)
+        return self._losses.error(rank)
 
     # -- incoming frames (called by the decoder through _PeerSink) -----------
 
@@ -325,46 +325,15 @@ class Engine:
     def _unreachable(self, rank: int) -> Exception:
         if self.closed:
             return ClosedError(f"rank {self.rank}: the process group is closed")
-        return self._lost.get(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
-
-    def _fatal_loss(self, recv: PostedRecv) -> PeerLostError | None:
-        """The loss that dooms ``recv``: its sender's, or for a receive with
-        ``sources`` (any-source, or a collective's members) see _lost_among."""
-        if recv.src is not None and recv.src in self._lost:
-            return self._lost[recv.src]
-        if recv.op is not None:
-            # A collective cannot complete once a member crashed. A member that
-            # left in order (BYE) flushed its part first: that fails nobody.
-            return next((self._lost[r] for r in recv.sources if r in self._lost and r not in self._left), None)
-        return self._lost_among(recv.sources) if recv.src is None else None
-
-    def _lost_among(self, ranks: Iterable[int]) -> PeerLostError | None:
-        """The error that makes a receive from ``ranks`` hopeless, if any.
-
-        One named sender: it is gone. Any of several senders (``src=None``):
-        one of them crashed (it may have been the sender, as in MPI's ULFM),
-        or all of them are gone. A sender that closed in order said it will
-        send nothing more, which fails nobody while others may still send.
-        """
-        ranks = list(ranks)
-        gone = [rank for rank in ranks if rank in self._lost]
-        crashed = [rank for rank in gone if rank not in self._left]
-        if crashed:
-            return self._lost[crashed[0]]
-        if gone and len(gone) == len(ranks):
-            return self._lost[gone[-1]]
-        return None
+        return self._losses.error(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
 
     def _peer_lost(self, rank: int, error: PeerLostError, orderly: bool = False) -> None:
         """Fail everything that depends on ``rank``; called once per peer.
 
         ``orderly``: the peer said goodbye (not worth a warning by itself).
         """
-        if rank in self._lost:
+        if not self._losses.record(rank, error, orderly=orderly):
             return
-        self._lost[rank] = error
-        if orderly:
-            self._left.add(rank)
         connection = self._connections.pop(rank, None)
         if connection is not None:
             connection.close(error)
@@ -378,9 +347,9 @@ class Engine:
             current.failure = error
             if current.waiter is not None:
                 _fail(current.waiter.future, error)
-        hopeless = lambda recv: self._fatal_loss(recv) is not None  # noqa: E731
-        for recv in self._matcher.take_dependents(rank, hopeless):
-            _fail(recv.future, self._fatal_loss(recv) or error)
+        fatal = self._losses.fatal_for
+        for recv in self._matcher.take_dependents(rank, lambda recv: fatal(recv) is not None):
+            _fail(recv.future, fatal(recv) or error)
 
     async def close(self) -> None:
         """Say goodbye to every peer, flush what was sent, close every socket.
