@@ -10,6 +10,10 @@ or collectives. It owns:
 * the :class:`~asyncdist.matching.Matcher`: a payload whose header matches a
   posted receive is read straight into that receive's buffer; otherwise it
   lands in an engine-owned buffer and is copied once when its receive comes;
+* the choice of path for a payload: inline on the stream, or, for a large
+  one to a peer on the same host that can read this process's memory, by
+  address (:mod:`~asyncdist.transport.cma`): the peer copies it out in one
+  system call and the send completes on its DONE;
 * failure propagation: when a peer's stream ends, every receive that depends
   on that peer fails with :class:`PeerLostError`, now and later, and every
   send to it fails too. Peers that are not involved are unaffected. A peer
@@ -23,6 +27,7 @@ the operation and return a future; nothing here blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 from collections import OrderedDict
@@ -41,9 +46,10 @@ from .errors import (
     ProtocolError,
     RendezvousError,
 )
-from .handshake import Identity
+from .handshake import Identity, PeerAccess
 from .losses import Losses
 from .matching import Inbound, Matcher, PostedRecv
+from .transport import cma
 from .transport.heartbeat import Heartbeat, HeartbeatConfig
 from .transport.mesh import Mesh
 from .transport.stream import Connection
@@ -110,6 +116,8 @@ class Engine:
         self._all_connected: asyncio.Future | None = None
         self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
         self._next_context = 0
+        self._by_memory_from = cma.min_bytes()
+        self._done_frame = encode_header(Header(Kind.DONE, 0, me.rank, 0, 0, "uint8", (), 0))
         self.closed = False
         self.address: tuple[str, int] | None = None
 
@@ -142,12 +150,20 @@ class Engine:
                 f"rank {self.rank}: ranks {missing} did not connect within {timeout:g} s"
             ) from None
 
-    def _attach(self, peer: int, sock: socket.socket) -> None:
+    def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
         assert self._loop is not None
         sink = _PeerSink(self, peer)
         decoder = FrameDecoder(sink, max_payload=self._max_payload)
         self._sinks[peer] = sink
-        self._connections[peer] = Connection(self._loop, sock, peer, decoder, lambda error: self._peer_lost(peer, error))
+        self._connections[peer] = Connection(
+            self._loop,
+            sock,
+            peer,
+            decoder,
+            lambda error: self._peer_lost(peer, error),
+            peer_memory=access.peer_memory,
+            peer_reads_me=access.peer_reads_me,
+        )
         if len(self._connections) == self.world_size - 1 and not self._all_connected.done():
             self._all_connected.set_result(None)
 
@@ -165,6 +181,9 @@ class Engine:
     def send(self, dst: int, header: Header, payload: memoryview | None) -> asyncio.Future | None:
         """Start sending one message; ``None`` means it is already in the kernel.
 
+        The future resolves when ``payload`` may be reused: its last byte is
+        in the kernel, or the peer has copied it out of this process's memory.
+
         Raises:
             PeerLostError: ``dst`` is lost or not connected.
             ClosedError: the engine is closed.
@@ -172,6 +191,9 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
+        if payload is not None and payload.nbytes >= self._by_memory_from and connection.peer_reads_me:
+            remote = dataclasses.replace(header, kind=Kind.REMOTE, addr=cma.address_of(payload))
+            return connection.send_remote(encode_header(remote), payload)
         return connection.send_frame(encode_header(header), payload)
 
     def post_recv(
@@ -259,7 +281,12 @@ class Engine:
         if header.kind == Kind.ABORT:
             self._call_aborted(header)
             return
-        target = sink.current if header.nbytes else self._route(sink, header)
+        if header.kind == Kind.DONE:
+            self._connections[sink.rank].remote_done()
+            return
+        if header.kind == Kind.REMOTE:
+            self._read_remote(sink, header)
+        target = sink.current if header.nbytes or header.kind == Kind.REMOTE else self._route(sink, header)
         sink.current = None
         if isinstance(target, PostedRecv):
             if not target.future.done():
@@ -269,10 +296,17 @@ class Engine:
         if target.waiter is not None:
             self._deliver_unexpected(target, target.waiter)
 
+    def _read_remote(self, sink: _PeerSink, header: Header) -> None:
+        """Copy a REMOTE payload out of the sender's memory into where it is
+        routed (sets ``sink.current``), and tell the sender it may reuse it."""
+        connection = self._connections[sink.rank]
+        connection.read_remote(self._start_payload(sink, header), header.addr)
+        connection.send_frame(self._done_frame, None)
+
     def _route(self, sink: _PeerSink, header: Header) -> PostedRecv | Inbound:
         if header.src != sink.rank:
             raise ProtocolError(f"rank {sink.rank} sent a frame claiming to come from rank {header.src}")
-        if header.kind != Kind.DATA:
+        if header.kind not in (Kind.DATA, Kind.REMOTE):
             raise ProtocolError(f"rank {sink.rank} sent a frame of kind {header.kind} with a payload")
         recv = self._matcher.take_posted(header)
         if recv is not None:

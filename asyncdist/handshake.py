@@ -8,10 +8,15 @@ Every connection between two ranks starts with four small messages::
       AUTH       mac_d                                ->
              <-  WELCOME | REJECT reason
 
-``mac_a = HMAC(secret, "acceptor" | nonce_d | nonce_a | job | ranks)`` proves
-to the dialer that it reached a rank of its own job; ``mac_d`` (with
+``mac_a = HMAC(secret, "acceptor" | nonce_d | nonce_a | job | ranks | memory_a)``
+proves to the dialer that it reached a rank of its own job; ``mac_d`` (with
 "dialer") proves the same the other way. Fresh nonces on both sides make a
 recorded handshake useless for a replay. The secret never crosses the wire.
+
+Each side also shows where a probe of its memory lies (``memory``, see
+:mod:`asyncdist.transport.cma`). Once the other side is authenticated, it
+tries to read that probe and says in its next message (``reads``) whether it
+could: a rank sends large payloads by memory only to a peer that can read it.
 
 Handshake messages are length-prefixed msgpack maps of at most
 :data:`MAX_HANDSHAKE_BYTES`, so a stranger's bytes (an HTTP request, random
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 import msgpack
 
 from .errors import FrameTooLargeError, HandshakeError, ProtocolError
+from .transport.cma import MemoryToken, PeerMemory, local_token, probe_peer, token_bytes, valid_token
 from .wire import PREFIX
 
 __all__ = [
@@ -36,6 +42,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "MAX_HANDSHAKE_BYTES",
     "Identity",
+    "PeerAccess",
     "Dialer",
     "Acceptor",
     "encode_message",
@@ -45,7 +52,7 @@ __all__ = [
 ]
 
 MAGIC = "asyncdist"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # The largest handshake message; real ones are ~150 bytes.
 MAX_HANDSHAKE_BYTES = 4096
 _NONCE_BYTES = 16
@@ -138,14 +145,46 @@ def _check_peer(fields: dict, me: Identity) -> int:
     return rank
 
 
+def _memory(fields: dict) -> bytes:
+    """The peer's memory token as its MAC covers it (malformed: as absent)."""
+    token = fields.get("memory")
+    return token_bytes(token if valid_token(token) else None)
+
+
 def _pair(a: int, b: int) -> bytes:
     return f"{a}>{b}".encode()
 
 
-class Dialer:
-    """The dialing side's state machine: hello -> on_challenge -> on_verdict."""
+class PeerAccess:
+    """What both sides learn about the peer's memory (see the module docstring).
 
-    def __init__(self, me: Identity, expected_peer: int, nonce: bytes | None = None) -> None:
+    Attributes:
+        peer_memory: how to read the peer's memory, None if this rank cannot.
+        peer_reads_me: whether the peer said it can read this rank's memory.
+    """
+
+    def __init__(self, memory: MemoryToken | None | bool) -> None:
+        self._memory = local_token() if memory is True else (memory or None)
+        self.peer_memory: PeerMemory | None = None
+        self.peer_reads_me = False
+
+    def _probe(self, fields: dict) -> None:
+        """Try the authenticated peer's probe (``fields["memory"]``)."""
+        token = fields.get("memory")
+        self.peer_memory = probe_peer(token) if self._memory is not None else None
+
+
+class Dialer(PeerAccess):
+    """The dialing side's state machine: hello -> on_challenge -> on_verdict.
+
+    ``memory``: True to offer this process's memory (when the transport is
+    enabled), False not to, or an explicit token (tests).
+    """
+
+    def __init__(
+        self, me: Identity, expected_peer: int, nonce: bytes | None = None, memory: MemoryToken | bool = True
+    ) -> None:
+        super().__init__(memory)
         self._me = me
         self._expected_peer = expected_peer
         self._nonce = nonce if nonce is not None else os.urandom(_NONCE_BYTES)
@@ -155,7 +194,15 @@ class Dialer:
         """The first message to send."""
         me = self._me
         return encode_message(
-            {"type": "HELLO", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": me.job_id, "rank": me.rank, "nonce": self._nonce}
+            {
+                "type": "HELLO",
+                "magic": MAGIC,
+                "version": PROTOCOL_VERSION,
+                "job": me.job_id,
+                "rank": me.rank,
+                "nonce": self._nonce,
+                "memory": self._memory,
+            }
         )
 
     def on_challenge(self, body: bytes) -> bytes:
@@ -166,29 +213,38 @@ class Dialer:
             raise HandshakeError(f"dialed rank {self._expected_peer} but rank {peer} answered")
         nonce = _field(fields, "nonce", bytes)
         me = self._me
-        expected = _mac(me.secret, b"acceptor", self._nonce, nonce, me.job_id.encode(), _pair(me.rank, peer))
+        expected = _mac(
+            me.secret, b"acceptor", self._nonce, nonce, me.job_id.encode(), _pair(me.rank, peer), _memory(fields)
+        )
         if not hmac.compare_digest(expected, _field(fields, "mac", bytes)):
             raise HandshakeError(f"rank {peer} failed authentication (different job secret?)")
         self._peer_nonce = nonce
-        mac = _mac(me.secret, b"dialer", nonce, self._nonce, me.job_id.encode(), _pair(me.rank, peer))
-        return encode_message({"type": "AUTH", "mac": mac})
+        self._probe(fields)
+        mac = _mac(
+            me.secret, b"dialer", nonce, self._nonce, me.job_id.encode(), _pair(me.rank, peer), token_bytes(self._memory)
+        )
+        return encode_message({"type": "AUTH", "mac": mac, "reads": self.peer_memory is not None})
 
     def on_verdict(self, body: bytes) -> None:
         """Accept WELCOME; a REJECT raises :class:`HandshakeError` with its reason."""
-        decode_message(body, "WELCOME")
+        fields = decode_message(body, "WELCOME")
+        self.peer_reads_me = self._memory is not None and fields.get("reads") is True
 
 
-class Acceptor:
+class Acceptor(PeerAccess):
     """The accepting side's state machine: on_hello -> on_auth.
 
     After ``on_auth`` returns, :attr:`peer_rank` is the authenticated rank.
+    ``memory`` as for :class:`Dialer`.
     """
 
-    def __init__(self, me: Identity, nonce: bytes | None = None) -> None:
+    def __init__(self, me: Identity, nonce: bytes | None = None, memory: MemoryToken | bool = True) -> None:
+        super().__init__(memory)
         self._me = me
         self._nonce = nonce if nonce is not None else os.urandom(_NONCE_BYTES)
         self._peer_nonce = b""
         self.peer_rank = -1
+        self._hello: dict = {}
 
     def on_hello(self, body: bytes) -> bytes:
         """Check the dialer's HELLO; return the CHALLENGE message to send."""
@@ -199,8 +255,17 @@ class Acceptor:
             raise HandshakeError("handshake nonce too short")
         me = self._me
         self._peer_nonce = peer_nonce
+        self._hello = fields
         self.peer_rank = peer
-        mac = _mac(me.secret, b"acceptor", peer_nonce, self._nonce, me.job_id.encode(), _pair(peer, me.rank))
+        mac = _mac(
+            me.secret,
+            b"acceptor",
+            peer_nonce,
+            self._nonce,
+            me.job_id.encode(),
+            _pair(peer, me.rank),
+            token_bytes(self._memory),
+        )
         return encode_message(
             {
                 "type": "CHALLENGE",
@@ -210,6 +275,7 @@ class Acceptor:
                 "rank": me.rank,
                 "nonce": self._nonce,
                 "mac": mac,
+                "memory": self._memory,
             }
         )
 
@@ -220,8 +286,16 @@ class Acceptor:
         fields = decode_message(body, "AUTH")
         me = self._me
         expected = _mac(
-            me.secret, b"dialer", self._nonce, self._peer_nonce, me.job_id.encode(), _pair(self.peer_rank, me.rank)
+            me.secret,
+            b"dialer",
+            self._nonce,
+            self._peer_nonce,
+            me.job_id.encode(),
+            _pair(self.peer_rank, me.rank),
+            _memory(self._hello),
         )
         if not hmac.compare_digest(expected, _field(fields, "mac", bytes)):
             raise HandshakeError(f"a peer claiming rank {self.peer_rank} failed authentication (wrong job secret)")
-        return encode_message({"type": "WELCOME"})
+        self._probe(self._hello)
+        self.peer_reads_me = self._memory is not None and fields.get("reads") is True
+        return encode_message({"type": "WELCOME", "reads": self.peer_memory is not None})

@@ -63,7 +63,7 @@ MAX_NDIM = 64
 DIRECT_READ_MIN_BYTES = 32 * 1024
 _READ_BUFFER_BYTES = 256 * 1024
 
-_HEADER_FIELDS = 9
+_HEADER_FIELDS = 10
 
 
 class Kind(IntEnum):
@@ -73,6 +73,8 @@ class Kind(IntEnum):
     BYE = 2  # orderly close: the sender will send nothing more
     ABORT = 3  # the sender's collective call (ctx, tag) failed; op holds why
     PING = 4  # heartbeat on an idle stream: nothing to deliver, proves the peer is alive
+    REMOTE = 5  # a DATA message whose payload the receiver reads from the sender's memory at ``addr``
+    DONE = 6  # the receiver has read the oldest REMOTE payload of this stream; the sender may reuse it
 
 
 @dataclass(slots=True)
@@ -92,6 +94,9 @@ class Header:
         nbytes: payload length in bytes.
         op: a short description of the operation the sender is in, compared
             by the receiver to detect ranks that disagree ("" for p2p).
+        addr: for ``Kind.REMOTE``, where the payload lies in the sender's
+            memory (:mod:`asyncdist.transport.cma`); 0 otherwise. A REMOTE
+            frame carries no payload bytes on the stream.
     """
 
     kind: int
@@ -103,6 +108,7 @@ class Header:
     shape: tuple[int, ...]
     nbytes: int
     op: str = ""
+    addr: int = 0
 
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -121,6 +127,7 @@ def encode_header(header: Header) -> bytes:
             header.shape,
             header.nbytes,
             header.op,
+            header.addr,
         )
     )
     return PREFIX.pack(len(body)) + body
@@ -153,20 +160,22 @@ def decode_header(body: bytes | memoryview, max_payload: int = DEFAULT_MAX_PAYLO
         raise ProtocolError(f"malformed frame header: {exc!r}") from exc
     if not isinstance(fields, list) or len(fields) != _HEADER_FIELDS:
         raise ProtocolError(f"malformed frame header: expected {_HEADER_FIELDS} fields, got {fields!r:.200}")
-    kind, ctx, src, tag, seq, dtype, shape, nbytes, op = fields
-    if not all(_is_int(v) for v in (kind, ctx, src, tag, seq, nbytes)):
+    kind, ctx, src, tag, seq, dtype, shape, nbytes, op, addr = fields
+    if not all(_is_int(v) for v in (kind, ctx, src, tag, seq, nbytes, addr)):
         raise ProtocolError(f"malformed frame header: non-integer field in {fields!r:.200}")
     if not isinstance(dtype, str) or not isinstance(op, str) or not isinstance(shape, list):
         raise ProtocolError(f"malformed frame header: wrong field types in {fields!r:.200}")
     if not all(_is_int(d) and d >= 0 for d in shape):
         raise ProtocolError(f"malformed frame header: bad shape {shape!r:.200}")
-    if src < 0 or ctx < 0 or nbytes < 0 or seq < 0:
+    if src < 0 or ctx < 0 or nbytes < 0 or seq < 0 or addr < 0:
         raise ProtocolError(f"malformed frame header: negative field in {fields!r:.200}")
     if kind not in _KINDS:
         raise ProtocolError(f"malformed frame header: unknown frame kind {kind}")
     if nbytes > max_payload:
         raise FrameTooLargeError(f"frame payload of {nbytes} bytes exceeds the limit of {max_payload} bytes")
-    return Header(kind, ctx, src, tag, seq, dtype, tuple(shape), nbytes, op)
+    if (kind == Kind.REMOTE) != (addr > 0):
+        raise ProtocolError(f"malformed frame header: memory address {addr} on a frame of kind {kind}")
+    return Header(kind, ctx, src, tag, seq, dtype, tuple(shape), nbytes, op, addr)
 
 
 _KINDS = frozenset(int(k) for k in Kind)
@@ -179,7 +188,8 @@ class FrameSink(Protocol):
         """Return a writable byte view of exactly ``header.nbytes`` for the payload."""
 
     def frame_received(self, header: Header, payload: memoryview) -> None:
-        """The frame is complete: ``payload`` is the view returned above."""
+        """The frame is complete: ``payload`` is the view returned above (empty
+        when no payload bytes followed on the stream: none, or ``Kind.REMOTE``)."""
 
 
 _EMPTY = memoryview(b"")
@@ -289,7 +299,7 @@ class FrameDecoder:
             self._begin_payload(header)
 
     def _begin_payload(self, header: Header) -> None:
-        if header.nbytes == 0:
+        if header.nbytes == 0 or header.kind == Kind.REMOTE:  # nothing follows on the stream
             self._sink.frame_received(header, _EMPTY)
             return
         dest = self._sink.payload_buffer(header)

@@ -16,7 +16,7 @@ import logging
 import socket
 
 from ..errors import FrameTooLargeError, HandshakeError, PeerLostError, ProtocolError
-from ..handshake import Acceptor, Dialer, Identity, message_length, reject_message
+from ..handshake import Acceptor, Dialer, Identity, PeerAccess, message_length, reject_message
 from ..wire import PREFIX
 
 __all__ = ["open_listener", "dial", "accept_handshake", "tune_socket"]
@@ -74,8 +74,9 @@ async def dial(
     port: int,
     me: Identity,
     peer: int,
-) -> socket.socket:
-    """Connect to ``peer`` at host:port and authenticate both ways.
+) -> tuple[socket.socket, PeerAccess]:
+    """Connect to ``peer`` at host:port and authenticate both ways; return the
+    socket and what the handshake learned about reading each other's memory.
 
     Raises:
         PeerLostError: the peer cannot be reached or closed the connection.
@@ -100,11 +101,14 @@ async def dial(
     except BaseException:
         sock.close()
         raise
-    return sock
+    return sock, handshake
 
 
-async def accept_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket, me: Identity) -> int | None:
-    """Authenticate an accepted connection; return the peer's rank, or None.
+async def accept_handshake(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, me: Identity
+) -> tuple[int, PeerAccess] | None:
+    """Authenticate an accepted connection; return the peer's rank and memory
+    access, or None.
 
     On failure the connection is closed and the reason logged; nothing is raised.
     """
@@ -113,7 +117,7 @@ async def accept_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket,
     try:
         await loop.sock_sendall(sock, handshake.on_hello(await _read_message(loop, sock)))
         await loop.sock_sendall(sock, handshake.on_auth(await _read_message(loop, sock)))
-        return handshake.peer_rank
+        return handshake.peer_rank, handshake
     except (HandshakeError, FrameTooLargeError, ProtocolError) as exc:
         peer = _describe_peer(sock)
         log.warning("rank %d refused a connection from %s: %s", me.rank, peer, exc)

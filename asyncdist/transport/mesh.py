@@ -19,7 +19,7 @@ import logging
 import socket
 from typing import Callable
 
-from ..handshake import Identity
+from ..handshake import Identity, PeerAccess
 from .connect import accept_handshake, dial, open_listener
 
 __all__ = ["Mesh"]
@@ -34,7 +34,8 @@ class Mesh:
         me: this rank's identity (job id, rank, world size, secret).
         handshake_timeout: seconds an incoming connection may take to
             authenticate before it is dropped.
-        attach: called with ``(peer, socket)`` for each authenticated stream.
+        attach: called with ``(peer, socket, access)`` for each authenticated
+            stream (``access``: whether the two may read each other's memory).
         wanted: whether ``peer`` (a higher rank) may still dial in.
     """
 
@@ -43,7 +44,7 @@ class Mesh:
         me: Identity,
         *,
         handshake_timeout: float,
-        attach: Callable[[int, socket.socket], None],
+        attach: Callable[[int, socket.socket, PeerAccess], None],
         wanted: Callable[[int], bool],
     ) -> None:
         self.me = me
@@ -71,7 +72,7 @@ class Mesh:
             PeerLostError: the peer cannot be reached.
             HandshakeError: the peer is not a rank of this job, or refused us.
         """
-        self._attach(peer, await dial(asyncio.get_running_loop(), host, port, self.me, peer))
+        self._attach(peer, *await dial(asyncio.get_running_loop(), host, port, self.me, peer))
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -90,7 +91,7 @@ class Mesh:
         loop = asyncio.get_running_loop()
         rank = self.me.rank
         try:
-            peer = await asyncio.wait_for(accept_handshake(loop, sock, self.me), self.handshake_timeout)
+            admitted = await asyncio.wait_for(accept_handshake(loop, sock, self.me), self.handshake_timeout)
         except asyncio.TimeoutError:
             log.warning("rank %d: dropped a connection that did not finish the handshake in time", rank)
             sock.close()
@@ -98,13 +99,14 @@ class Mesh:
         except asyncio.CancelledError:  # closing
             sock.close()
             raise
-        if peer is None:
+        if admitted is None:
             return
+        peer, access = admitted
         if peer < rank or self._closing or not self._wanted(peer):
             log.warning("rank %d: refused an unexpected second connection from rank %d", rank, peer)
             sock.close()
             return
-        self._attach(peer, sock)
+        self._attach(peer, sock, access)
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -13,9 +13,19 @@ send is complete, the buffer may be reused" could not be told apart from
 "the bytes are queued". Here a send's future resolves exactly when its last
 byte is in the kernel, which is the moment torch's ``send`` may return.
 
+A peer on the same host that can read this process's memory (found in the
+handshake, :mod:`.cma`) is sent large payloads by address instead
+(:meth:`Connection.send_remote`): it copies them out itself and answers with
+a DONE frame, which completes the send. DONE frames come back in the order
+the payloads were sent, because the peer reads each one as its header
+arrives; so a queue, not an id, pairs them with their sends.
+
 Invariants:
 
 * Frames are written whole and in the order ``send_frame`` was called.
+* A payload sent by address stays referenced until its DONE arrives or the
+  connection ends; :meth:`Connection.drain` waits for those too, so a rank
+  does not exit while a peer may still be reading its memory.
 * Loop thread only; every callback runs on the loop.
 * On any failure the connection calls ``on_lost`` exactly once, fails every
   pending send, and closes its socket. It never raises into the loop.
@@ -31,6 +41,7 @@ from typing import Callable
 
 from ..errors import PeerLostError, ProtocolError
 from ..wire import FrameDecoder
+from .cma import PeerMemory
 
 __all__ = ["Connection"]
 
@@ -61,6 +72,10 @@ class Connection:
         decoder: the frame decoder that receives this stream's bytes.
         on_lost: called once with the :class:`PeerLostError` when the stream
             ends or fails for any reason other than :meth:`close`.
+        peer_memory: how to read the peer's memory (REMOTE payloads it sends
+            us), None if this process cannot.
+        peer_reads_me: whether the peer can read this process's memory, so
+            that :meth:`send_remote` may be used.
 
     Attributes:
         last_received, last_sent: loop time of the last bytes read from the
@@ -74,6 +89,8 @@ class Connection:
         peer: int,
         decoder: FrameDecoder,
         on_lost: Callable[[PeerLostError], None],
+        peer_memory: PeerMemory | None = None,
+        peer_reads_me: bool = False,
     ) -> None:
         sock.setblocking(False)
         self._loop = loop
@@ -84,6 +101,9 @@ class Connection:
         self._on_lost = on_lost
         self._writes: deque[_PendingWrite] = deque()
         self._writer_armed = False
+        self._awaiting_done: deque[tuple[asyncio.Future, memoryview]] = deque()
+        self.peer_memory = peer_memory
+        self.peer_reads_me = peer_reads_me
         self.closed = False
         self.last_received = self.last_sent = loop.time()
         loop.add_reader(self._fd, self._on_readable)
@@ -117,6 +137,44 @@ class Connection:
             self._loop.add_writer(self._fd, self._on_writable)
             self._writer_armed = True
         return future
+
+    def send_remote(self, header: bytes, payload: memoryview) -> asyncio.Future:
+        """Send a ``Kind.REMOTE`` header whose payload the peer reads from our
+        memory; the future resolves when the peer says it has (DONE).
+
+        Raises:
+            PeerLostError: the connection is already closed.
+        """
+        self.send_frame(header, None)  # its write completing means nothing yet
+        future = self._loop.create_future()
+        self._awaiting_done.append((future, payload))  # keeps the payload alive
+        return future
+
+    def remote_done(self) -> None:
+        """The peer read the oldest payload sent by address.
+
+        Raises:
+            ProtocolError: no payload was waiting for it.
+        """
+        if not self._awaiting_done:
+            raise ProtocolError(f"rank {self.peer} acknowledged a payload that was never sent by memory")
+        future, _ = self._awaiting_done.popleft()
+        if not future.done():
+            future.set_result(None)
+
+    def read_remote(self, dest: memoryview, addr: int) -> None:
+        """Copy a REMOTE payload from the peer's memory at ``addr`` into ``dest``.
+
+        Raises:
+            ProtocolError: this process cannot read the peer's memory, or the
+                peer named memory it does not have (the connection is dropped).
+        """
+        if self.peer_memory is None:
+            raise ProtocolError(f"rank {self.peer} sent a payload by memory, which this rank cannot read")
+        try:
+            self.peer_memory.read_into(dest, addr)
+        except OSError as exc:
+            raise ProtocolError(f"cannot read rank {self.peer}'s payload from its memory: {exc}") from exc
 
     def _write_views(self, views: deque[memoryview]) -> None:
         """Write as much of ``views`` as the kernel takes, dropping what was sent."""
@@ -196,9 +254,12 @@ class Connection:
             self._shutdown(error or PeerLostError(f"connection to rank {self.peer} was closed locally", self.peer))
 
     async def drain(self) -> None:
-        """Wait until every queued frame has been handed to the kernel."""
+        """Wait until every queued frame has been handed to the kernel and
+        every payload sent by memory has been read by the peer."""
         while self._writes and not self.closed:
             await asyncio.shield(self._writes[-1].future)
+        while self._awaiting_done and not self.closed:
+            await asyncio.shield(self._awaiting_done[-1][0])
 
     def _shutdown(self, error: PeerLostError) -> None:
         self.closed = True
@@ -206,10 +267,11 @@ class Connection:
         if self._writer_armed:
             self._loop.remove_writer(self._fd)
             self._writer_armed = False
-        for pending in self._writes:
-            if not pending.future.done():
-                pending.future.set_exception(error)
+        for future in [pending.future for pending in self._writes] + [f for f, _ in self._awaiting_done]:
+            if not future.done():
+                future.set_exception(error)
         self._writes.clear()
+        self._awaiting_done.clear()
         try:
             self._sock.close()
         except OSError:

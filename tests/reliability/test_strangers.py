@@ -142,7 +142,7 @@ async def test_a_stranger_that_never_finishes_the_handshake_is_dropped(caplog) -
 async def test_a_second_connection_from_a_connected_rank_is_refused(caplog) -> None:
     async with _watched_world(caplog) as (a, b):
         loop = asyncio.get_running_loop()
-        sock = await dial(loop, *a._engine.address, b._engine.me, 0)  # it has the secret
+        sock, _ = await dial(loop, *a._engine.address, b._engine.me, 0)  # it has the secret
         try:
             assert await loop.sock_recv(sock, 1) == b""  # accepted by the handshake, then closed
         finally:
@@ -185,7 +185,7 @@ async def _two_ranks_and_an_insider() -> AsyncIterator[tuple[list[ProcessGroup],
         addresses = [await e.listen("127.0.0.1") for e in engines]
         joined = asyncio.gather(engines[0].connect({}, 10), engines[1].connect({0: addresses[0]}, 10))
         insider = Identity(job, 2, 3, secret)
-        socks = [await dial(loop, *addresses[r], insider, r) for r in range(2)]
+        socks = [(await dial(loop, *addresses[r], insider, r))[0] for r in range(2)]
         await joined
         yield [ProcessGroup(e, range(3), name="world", timeout=10) for e in engines], socks
     finally:

@@ -29,6 +29,7 @@ from asyncdist.handshake import (
     message_length,
     reject_message,
 )
+from asyncdist.transport import cma
 from asyncdist.wire import PREFIX
 
 SECRET = b"job-secret-0123456789abcdef"
@@ -60,7 +61,10 @@ def handshake(dialer: Dialer, acceptor: Acceptor) -> list[bytes]:
 
 
 def hello_fields(**overrides) -> dict:
-    fields = {"type": "HELLO", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 1, "nonce": NONCE_D}
+    fields = {
+        "type": "HELLO", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 1, "nonce": NONCE_D,
+        "memory": None,
+    }  # fmt: skip
     fields.update(overrides)
     return {k: v for k, v in fields.items() if v is not ...}
 
@@ -72,10 +76,11 @@ def challenge_from(acceptor_rank: int, dialer_rank: int, **acceptor_kw) -> bytes
 
 
 def reference_mac(
-    role: bytes, first: bytes, second: bytes, dialer: int, acceptor: int, secret: bytes = SECRET
+    role: bytes, first: bytes, second: bytes, dialer: int, acceptor: int, secret: bytes = SECRET, memory: bytes = b"-"
 ) -> bytes:
-    """The MAC as the module docstring documents it, computed independently."""
-    message = b"|".join([role, first, second, JOB.encode(), f"{dialer}>{acceptor}".encode()])
+    """The MAC as the module docstring documents it, computed independently
+    (``memory``: the sender's memory token as ``pid:addr:probe-hex``, "-" for none)."""
+    message = b"|".join([role, first, second, JOB.encode(), f"{dialer}>{acceptor}".encode(), memory])
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
@@ -95,17 +100,69 @@ def test_success_gives_acceptor_the_dialer_rank(dialer_rank: int, acceptor_rank:
 
 def test_messages_carry_the_documented_fields_and_macs() -> None:
     hello, challenge, auth, welcome = handshake(
-        Dialer(me(2), expected_peer=0, nonce=NONCE_D), Acceptor(me(0), nonce=NONCE_A)
+        Dialer(me(2), expected_peer=0, nonce=NONCE_D, memory=False), Acceptor(me(0), nonce=NONCE_A, memory=False)
     )
     assert msgpack.unpackb(body(hello)) == hello_fields(rank=2)
     assert msgpack.unpackb(body(challenge)) == {
         "type": "CHALLENGE", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 0,
-        "nonce": NONCE_A, "mac": reference_mac(b"acceptor", NONCE_D, NONCE_A, dialer=2, acceptor=0),
+        "nonce": NONCE_A, "mac": reference_mac(b"acceptor", NONCE_D, NONCE_A, dialer=2, acceptor=0), "memory": None,
     }  # fmt: skip
     assert msgpack.unpackb(body(auth)) == {
-        "type": "AUTH", "mac": reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=2, acceptor=0),
+        "type": "AUTH", "mac": reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=2, acceptor=0), "reads": False,
     }  # fmt: skip
-    assert msgpack.unpackb(body(welcome)) == {"type": "WELCOME"}
+    assert msgpack.unpackb(body(welcome)) == {"type": "WELCOME", "reads": False}
+
+
+requires_cma = pytest.mark.skipif(cma.local_token() is None, reason="cross-memory attach unavailable here")
+
+
+@requires_cma
+def test_ranks_that_can_read_each_others_memory_learn_it_both_ways() -> None:
+    token = cma.local_token()
+    dialer, acceptor = Dialer(me(1), expected_peer=0, nonce=NONCE_D), Acceptor(me(0), nonce=NONCE_A)
+    _, challenge, auth, welcome = handshake(dialer, acceptor)
+    for side in (dialer, acceptor):
+        assert side.peer_memory == cma.PeerMemory(token["pid"]) and side.peer_reads_me
+    assert msgpack.unpackb(body(auth))["reads"] is True and msgpack.unpackb(body(welcome))["reads"] is True
+    # The acceptor's memory token is covered by its MAC (and the dialer's by its own).
+    memory = cma.token_bytes(token)
+    assert msgpack.unpackb(body(challenge))["mac"] == reference_mac(
+        b"acceptor", NONCE_D, NONCE_A, dialer=1, acceptor=0, memory=memory
+    )
+    assert msgpack.unpackb(body(auth))["mac"] == reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=1, acceptor=0, memory=memory)
+
+
+@requires_cma
+@pytest.mark.parametrize("offered", [(True, False), (False, True), (False, False)])
+def test_memory_is_used_only_where_both_sides_offer_it(offered: tuple[bool, bool]) -> None:
+    dialer = Dialer(me(1), expected_peer=0, memory=offered[0])
+    acceptor = Acceptor(me(0), memory=offered[1])
+    handshake(dialer, acceptor)
+    assert (dialer.peer_memory, dialer.peer_reads_me, acceptor.peer_memory, acceptor.peer_reads_me) == (
+        None, False, None, False,
+    )  # fmt: skip
+
+
+@requires_cma
+def test_a_probe_that_does_not_read_back_means_no_memory_access() -> None:
+    # What a peer in another PID namespace or on another host looks like:
+    # its token names memory that is not there (or holds other bytes) here.
+    token = cma.local_token()
+    wrong = {**token, "probe": bytes(16)}
+    dialer = Dialer(me(1), expected_peer=0, memory=wrong)
+    acceptor = Acceptor(me(0), memory=token)
+    handshake(dialer, acceptor)
+    assert acceptor.peer_memory is None and not dialer.peer_reads_me  # nobody reads the dialer
+    assert dialer.peer_memory is not None and acceptor.peer_reads_me  # the acceptor's probe is genuine
+
+
+@requires_cma
+def test_a_memory_token_altered_in_transit_fails_authentication() -> None:
+    dialer = Dialer(me(1), expected_peer=0, nonce=NONCE_D)
+    challenge = msgpack.unpackb(body(Acceptor(me(0), nonce=NONCE_A).on_hello(body(dialer.hello()))))
+    challenge["memory"] = {**challenge["memory"], "pid": 1}  # point the dialer's reads elsewhere
+    with pytest.raises(HandshakeError, match="rank 0 failed authentication"):
+        dialer.on_challenge(msgpack.packb(challenge, use_bin_type=True))
 
 
 def test_fresh_nonces_by_default() -> None:
@@ -140,7 +197,7 @@ def test_dialer_with_wrong_secret_is_refused_by_the_acceptor(forged: str) -> Non
         acceptor.on_auth(body(encode_message({"type": "AUTH", "mac": mac})))
     # The reference MAC itself is accepted, so the refusal above is about the MAC.
     welcome = acceptor.on_auth(body(encode_message({"type": "AUTH", "mac": good})))
-    assert msgpack.unpackb(body(welcome)) == {"type": "WELCOME"}
+    assert msgpack.unpackb(body(welcome))["type"] == "WELCOME"
 
 
 def test_replayed_auth_from_another_session_fails() -> None:

@@ -162,12 +162,22 @@ def _header_with_body_length(length: int, nbytes: int) -> Header:
     raise AssertionError(f"no header body of {length} bytes")
 
 
-GOOD = [1, 0, 0, 0, 0, "uint8", [3], 3, ""]  # a valid header, as a list
+GOOD = [1, 0, 0, 0, 0, "uint8", [3], 3, "", 0]  # a valid header, as a list
 
 
 # -- header codec ------------------------------------------------------------
 
-headers = st.builds(
+
+@st.composite
+def headers(draw: st.DrawFn) -> Header:
+    """Any valid header: a memory address exactly on REMOTE frames."""
+    header = draw(_headers_without_address)
+    if header.kind == Kind.REMOTE:
+        header.addr = draw(st.integers(1, UINT64_MAX))
+    return header
+
+
+_headers_without_address = st.builds(
     Header,
     kind=st.sampled_from(Kind),
     ctx=st.integers(0, UINT64_MAX),
@@ -181,7 +191,7 @@ headers = st.builds(
 )
 
 
-@given(headers)
+@given(headers())
 def test_header_round_trip(header: Header) -> None:
     encoded = encode_header(header)
     decoded = decode_header(body_of(encoded))
@@ -190,7 +200,7 @@ def test_header_round_trip(header: Header) -> None:
     # The body is the documented msgpack array, readable by any msgpack.
     assert msgpack.unpackb(body_of(encoded), raw=False) == [
         header.kind, header.ctx, header.src, header.tag, header.seq,
-        header.dtype, list(header.shape), header.nbytes, header.op,
+        header.dtype, list(header.shape), header.nbytes, header.op, header.addr,
     ]  # fmt: skip
 
 
@@ -328,6 +338,19 @@ def test_payload_over_limit_refused_before_allocation(max_payload: int, nbytes: 
         decode_header(body_of(encode_header(header)), max_payload)
 
 
+def test_a_remote_frame_carries_no_payload_bytes_on_the_stream() -> None:
+    # A REMOTE header announces nbytes that the receiver reads from the
+    # sender's memory; the next frame starts right after the header.
+    remote = Header(Kind.REMOTE, 1, 2, 3, 0, "float32", (1 << 20,), 4 << 20, "", addr=0x7F0000001000)
+    data = Header(Kind.DATA, 1, 2, 4, 0, "uint8", (5,), 5, "")
+    done = Header(Kind.DONE, 0, 2, 0, 0, "uint8", (), 0)
+    stream = encode_header(remote) + encode_header(data) + b"hello" + encode_header(done)
+    sink = RecordingSink()
+    feed(FrameDecoder(sink), sink, [stream[i : i + 7] for i in range(0, len(stream), 7)])
+    assert [(h, bytes(p)) for h, p in sink.frames] == [(remote, b""), (data, b"hello"), (done, b"")]
+    assert [name for name, _ in sink.calls].count("payload_buffer") == 1  # only the inline payload
+
+
 # -- malformed headers -----------------------------------------------------------
 
 
@@ -344,8 +367,8 @@ MALFORMED = {
     "trailing bytes": msgpack.packb(GOOD) + b"\x00",
     "not an array": msgpack.packb({"kind": 1}),
     "an int": msgpack.packb(7),
-    "eight fields": msgpack.packb(GOOD[:-1]),
-    "ten fields": msgpack.packb(GOOD + [0]),
+    "nine fields": msgpack.packb(GOOD[:-1]),
+    "eleven fields": msgpack.packb(GOOD + [0]),
     "bin field": msgpack.packb(_with(5, b"uint8"), use_bin_type=True),
     "unknown kind 0": msgpack.packb(_with(0, 0)),
     "unknown kind 99": msgpack.packb(_with(0, 99)),
@@ -375,6 +398,10 @@ MALFORMED = {
     "too many dims": msgpack.packb(_with(6, [1] * (MAX_NDIM + 1))),
     "map in shape": msgpack.packb(_with(6, {"a": 1})),
     "ext type": msgpack.packb(_with(8, msgpack.ExtType(1, b"x"))),
+    "negative addr": msgpack.packb(_with(9, -1)),
+    "str addr": msgpack.packb(_with(9, "1")),
+    "address on a DATA frame": msgpack.packb(_with(9, 4096)),
+    "REMOTE without an address": msgpack.packb(_with(0, int(Kind.REMOTE))),
 }
 
 
@@ -398,6 +425,8 @@ def test_valid_header_variants_are_accepted() -> None:
     assert decode_header(msgpack.packb(_with(6, []))).shape == ()
     assert decode_header(msgpack.packb(_with(6, [1] * MAX_NDIM))).shape == (1,) * MAX_NDIM
     assert decode_header(msgpack.packb(_with(0, int(Kind.BYE)))).kind == Kind.BYE
+    remote = decode_header(msgpack.packb([int(Kind.REMOTE), *GOOD[1:9], 4096]))
+    assert (remote.kind, remote.addr) == (Kind.REMOTE, 4096)
 
 
 def test_decoder_after_good_frame_then_garbage() -> None:
@@ -424,7 +453,7 @@ def _fuzz_feed(data: bytes, cuts: list[int]) -> None:
         pass  # includes FrameTooLargeError; anything else fails the test
     for header, payload in sink.frames:
         assert type(header.kind) is int and header.kind in set(Kind)
-        assert len(payload) == header.nbytes
+        assert len(payload) == (0 if header.kind == Kind.REMOTE else header.nbytes)
 
 
 @settings(max_examples=2000, deadline=None)

@@ -1,0 +1,174 @@
+"""Same-host payloads by cross-memory attach: one copy, no socket.
+
+Two ranks on one machine still talk over a loopback socket, where every
+payload byte is copied twice (sender into the kernel, kernel into the
+receiver) and pushed through the TCP stack by both processes. With Linux's
+cross-memory attach (``process_vm_readv``, what MPI's shared-memory
+transports use for large messages) the receiver copies the payload straight
+from the sender's buffer into its own, in one system call; the sender spends
+no CPU on it at all. The socket still carries the header and, back, a DONE
+frame that tells the sender its buffer may be reused (see
+:mod:`asyncdist.wire`, ``Kind.REMOTE``).
+
+Whether a peer's memory can be read is not guessed from host names: during
+the handshake each rank shows the address and contents of a small random
+*probe* buffer (authenticated with the job secret), and the peer tries to
+read it. Different hosts, PID namespaces, users, seccomp or Yama rules all
+make the probe fail, and that pair keeps plain TCP.
+
+Settings (environment):
+
+* ``ASYNCDIST_CMA=0`` turns the transport off (default on where the system
+  call exists).
+* ``ASYNCDIST_CMA_MIN_BYTES``: payloads from this size go by memory
+  (default 64 KiB); smaller ones are cheaper inline on the socket.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping, TypedDict
+
+import numpy as np
+
+__all__ = [
+    "MemoryToken",
+    "PeerMemory",
+    "enabled",
+    "min_bytes",
+    "local_token",
+    "token_bytes",
+    "valid_token",
+    "probe_peer",
+    "address_of",
+]
+
+_ENABLE_ENV = "ASYNCDIST_CMA"
+_MIN_BYTES_ENV = "ASYNCDIST_CMA_MIN_BYTES"
+_DEFAULT_MIN_BYTES = 64 * 1024
+_PROBE_BYTES = 16
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _bind_process_vm_readv():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).process_vm_readv
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_ssize_t
+    pointer = ctypes.POINTER(_IoVec)
+    function.argtypes = [ctypes.c_int, pointer, ctypes.c_ulong, pointer, ctypes.c_ulong, ctypes.c_ulong]
+    return function
+
+
+_process_vm_readv = _bind_process_vm_readv()
+# This process's probe: random bytes at a fixed address, for peers to read.
+_probe = ctypes.create_string_buffer(os.urandom(_PROBE_BYTES), _PROBE_BYTES)
+
+class MemoryToken(TypedDict):
+    """What a rank shows of itself in the handshake: where its probe lies."""
+
+    pid: int
+    addr: int
+    probe: bytes
+
+
+def enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process offers and uses cross-memory reads."""
+    return _process_vm_readv is not None and environ.get(_ENABLE_ENV, "1").strip() not in ("0", "false", "off")
+
+
+def min_bytes(environ: Mapping[str, str] = os.environ) -> int:
+    """The smallest payload sent by memory rather than inline."""
+    text = environ.get(_MIN_BYTES_ENV, "").strip()
+    if not text:
+        return _DEFAULT_MIN_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{_MIN_BYTES_ENV} must be a number of bytes, got {text!r}") from None
+    return max(value, 1)
+
+
+def local_token() -> MemoryToken | None:
+    """This process's probe for the handshake (None: the transport is off)."""
+    if not enabled():
+        return None
+    return {"pid": os.getpid(), "addr": ctypes.addressof(_probe), "probe": _probe.raw}
+
+
+def token_bytes(token: MemoryToken | None) -> bytes:
+    """A canonical encoding of ``token``, for the handshake's MACs."""
+    if token is None:
+        return b"-"
+    return b"%d:%d:%s" % (token["pid"], token["addr"], token["probe"].hex().encode())
+
+
+def valid_token(token: object) -> bool:
+    """Whether ``token`` (from the wire) has the fields and types of a MemoryToken."""
+    return (
+        isinstance(token, dict)
+        and type(token.get("pid")) is int
+        and type(token.get("addr")) is int
+        and isinstance(token.get("probe"), bytes)
+        and len(token["probe"]) == _PROBE_BYTES
+        and token["pid"] > 0
+        and token["addr"] > 0
+    )
+
+
+def address_of(view: memoryview) -> int:
+    """The address of the first byte of a contiguous, non-empty ``view``."""
+    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+
+
+@dataclass(frozen=True, slots=True)
+class PeerMemory:
+    """Read access to one peer process's memory.
+
+    Attributes:
+        pid: the peer's process id, as this process sees it.
+    """
+
+    pid: int
+
+    def read_into(self, dest: memoryview, addr: int) -> None:
+        """Copy ``dest.nbytes`` bytes at the peer's ``addr`` into ``dest``.
+
+        Raises:
+            OSError: the memory cannot be read (the peer exited, or the
+                address is not mapped there).
+        """
+        assert _process_vm_readv is not None
+        total = dest.nbytes
+        base = address_of(dest)
+        done = 0
+        while done < total:
+            local = _IoVec(base + done, total - done)
+            remote = _IoVec(addr + done, total - done)
+            count = _process_vm_readv(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            if count <= 0:
+                errno = ctypes.get_errno() if count < 0 else 0
+                raise OSError(errno, f"cannot read {total - done} bytes of process {self.pid}: {os.strerror(errno)}")
+            done += count
+
+
+def probe_peer(token: MemoryToken | None) -> PeerMemory | None:
+    """Try to read a peer's probe; return how to read its memory, or None."""
+    if token is None or not enabled() or not valid_token(token):
+        return None
+    memory = PeerMemory(token["pid"])
+    seen = bytearray(_PROBE_BYTES)
+    try:
+        memory.read_into(memoryview(seen), token["addr"])
+    except OSError:
+        return None
+    return memory if bytes(seen) == token["probe"] else None
