@@ -13,7 +13,9 @@ steps ahead in the reduce-scatter, all of them in the all-gather) so that
 payloads land in their final buffers instead of being staged.
 
 Extra memory: the reduce-scatter holds two receive buffers of the largest
-slot (``2S/n``); the all-gather none.
+slot (``2S/n``; one, ``S/2``, with two ranks); the all-gather none. Data
+that arrives before its receive is posted is held in a buffer of its own
+until then (the engine's unexpected queue): with two ranks at most one slot.
 """
 
 from __future__ import annotations
@@ -70,12 +72,14 @@ async def ring_reduce_scatter(channel: Channel, slots: Sequence[HostBuffer], op:
         return
     right, left = (rank + 1) % n, (rank - 1) % n
     largest = max(slot.numel for slot in slots)
-    spare = [scratch_buffer(slots[0].dtype, largest) for _ in range(2)]
+    # Two receive buffers let step s+1's data land while step s is combined;
+    # with two ranks there is only one step, so only one is needed.
+    spare = [scratch_buffer(slots[0].dtype, largest) for _ in range(min(2, n - 1))]
 
     def post(step: int) -> list[tuple[int, int, PostedRecv]]:
         # Step s brings this rank slot (rank - s - 2) from the left.
         slot = slots[(rank - step - 2) % n]
-        into = spare[step % 2]
+        into = spare[step % len(spare)]
         return [(a, b, channel.start_recv(into.elements(a, b), left)) for a, b in _chunks(slot, chunk_elems)]
 
     first = slots[(rank - 1) % n]
@@ -85,7 +89,7 @@ async def ring_reduce_scatter(channel: Channel, slots: Sequence[HostBuffer], op:
     try:
         for step in range(n - 1):
             current, upcoming = ahead, (post(step + 1) if step + 1 < n - 1 else [])
-            slot, received = slots[(rank - step - 2) % n], spare[step % 2]
+            slot, received = slots[(rank - step - 2) % n], spare[step % len(spare)]
             for a, b, recv in current:
                 await channel.wait_recv(recv, left)
                 part = slot.elements(a, b)
