@@ -49,6 +49,7 @@ from .errors import (
 from .handshake import Identity, PeerAccess
 from .losses import Losses
 from .matching import Inbound, Matcher, PostedRecv
+from .scratch import pool
 from .transport import cma
 from .transport.heartbeat import Heartbeat, HeartbeatConfig
 from .transport.mesh import Mesh
@@ -315,7 +316,7 @@ class Engine:
                 return recv
             recv.future.set_exception(error)  # the payload is read and dropped
             return Inbound(header, np.empty(header.nbytes, np.uint8))
-        inbound = Inbound(header, np.empty(header.nbytes, np.uint8))
+        inbound = Inbound(header, pool.take_bytes(header.nbytes))
         if (header.ctx, header.tag) not in self._aborted:  # else: read and dropped
             self._matcher.add_unexpected(inbound)
         return inbound
@@ -334,6 +335,7 @@ class Engine:
             inbound.waiter = recv
         else:
             recv.buf.view[:] = memoryview(inbound.data)
+            pool.give_back(inbound.data)
             future.set_result(inbound.header)
 
     def _misfit(self, header: Header, recv: PostedRecv) -> AsyncDistError | None:

@@ -23,8 +23,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from .. import ops
-from ..buffers import HostBuffer, scratch_buffer
+from ..buffers import HostBuffer
 from ..matching import PostedRecv
+from ..scratch import pool
 from .direct import direct_gather, direct_scatter
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ async def ring_reduce_scatter(channel: Channel, slots: Sequence[HostBuffer], op:
     largest = max(slot.numel for slot in slots)
     # Two receive buffers let step s+1's data land while step s is combined;
     # with two ranks there is only one step, so only one is needed.
-    spare = [scratch_buffer(slots[0].dtype, largest) for _ in range(min(2, n - 1))]
+    spare = [pool.take(slots[0].dtype, largest) for _ in range(min(2, n - 1))]
 
     def post(step: int) -> list[tuple[int, int, PostedRecv]]:
         # Step s brings this rank slot (rank - s - 2) from the left.
@@ -102,6 +103,8 @@ async def ring_reduce_scatter(channel: Channel, slots: Sequence[HostBuffer], op:
             channel.withdraw(recv)
         raise
     await _wait_sends(channel, sends, right)
+    for buffer in spare:  # only after success: nothing of a failed call is reused
+        pool.give_back(buffer)
 
 
 async def ring_all_gather(channel: Channel, slots: Sequence[HostBuffer], chunk_elems: int) -> None:

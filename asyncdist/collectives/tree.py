@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import ops
-from ..buffers import HostBuffer, scratch_buffer
+from ..buffers import HostBuffer
+from ..scratch import pool
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -59,9 +60,10 @@ async def binomial_reduce(channel: Channel, buf: HostBuffer, root: int, op: obje
     n, rank = channel.size, channel.rank
     parent, children = _parent_and_children((rank - root) % n, n)
     if children:
-        incoming = scratch_buffer(buf.dtype, buf.numel)
+        incoming = pool.take(buf.dtype, buf.numel)
         for child in reversed(children):  # smallest subtree first: it finishes first
             await channel.recv(incoming, (child + root) % n)
             ops.combine(op, buf, incoming)
+        pool.give_back(incoming)
     if parent is not None:
         await channel.send(buf, (parent + root) % n)

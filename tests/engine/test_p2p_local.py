@@ -18,6 +18,7 @@ from asyncdist.errors import (
     UnsupportedBufferError,
     WrongThreadError,
 )
+from asyncdist.scratch import ScratchPool
 from asyncdist.testing import local_world
 
 WORLD_SIZES = [2, 4]
@@ -136,6 +137,7 @@ async def test_large_receive_lands_in_the_posted_buffer_without_a_staging_copy(m
         return real_empty(n, dtype)
 
     monkeypatch.setattr(asyncdist.engine.np, "empty", counting_empty)
+    monkeypatch.setattr(asyncdist.engine, "pool", ScratchPool())  # empty: no block to reuse
     data = np.arange(4 << 20, dtype=np.float32)  # 16 MiB
     out = np.zeros_like(data)
     async with local_world(2) as (a, b):
