@@ -9,9 +9,6 @@ on asyncdist's engine. Everything else is plain torch.
     torchrun --nproc-per-node 2 examples/torch_ddp.py
     asyncdist-run --nproc-per-node 2 examples/torch_ddp.py
 
-(asyncdist-run cannot start it yet: torch's env:// client cannot talk to
-asyncdist-run's store; see docs/torch.md, "asyncdist-run and torch scripts".)
-
 Each rank prints its loss every 10 steps and, at the end, a sha256 of its
 parameters: the same on every rank, since DDP keeps the replicas identical.
 """

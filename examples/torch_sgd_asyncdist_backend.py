@@ -13,9 +13,6 @@ downloads): 20 features labelled by a fixed random linear "teacher".
     torchrun --nproc-per-node 2 examples/torch_sgd_asyncdist_backend.py
     asyncdist-run --nproc-per-node 2 examples/torch_sgd_asyncdist_backend.py
 
-(asyncdist-run cannot start it yet: torch's env:// client cannot talk to
-asyncdist-run's store; see docs/torch.md, "asyncdist-run and torch scripts".)
-
 Each rank prints its loss per epoch, then a sha256 of its parameters, which
 is the same on every rank: each applied the same averaged gradients.
 """

@@ -5,6 +5,7 @@ Run it as ``asyncdist-bench`` or ``python -m asyncdist.bench`` (see
 
 * :mod:`~asyncdist.bench.plan` — what to measure (sizes, dtype, repetitions);
 * :mod:`~asyncdist.bench.cases` — the registry of rows: what one call of each op does;
+* :mod:`~asyncdist.bench.ddp` — the DDP training-step row's model and step;
 * :mod:`~asyncdist.bench.loops` — the timing loops inside the rank processes;
 * :mod:`~asyncdist.bench.runner` — rank processes per library; max over ranks, median over repetitions;
 * :mod:`~asyncdist.bench.report` and :mod:`~asyncdist.bench.plot` — tables, json, plot;

@@ -14,8 +14,12 @@ rank holds (all_gather's output, reduce_scatter's input), and ops that
 split a buffer over the ranks round the element count down to a multiple
 of the world size. Buffers are zeros, so repeated sums never overflow.
 
-New rows (a DDP training step, say) are added with :func:`register`; a case
-that is not sized (``sized=False``) is measured once, not per size.
+New rows are added with :func:`register`; a case that is not sized
+(``sized=False``) is measured once, not per size. The DDP training step
+(:mod:`asyncdist.bench.ddp`) is such a row, with a fixed count (the model's
+parameters) and ``torch_api=True``: it needs torch.distributed itself (a
+model wrapped in DistributedDataParallel), so asyncdist runs it through its
+torch backend rather than the await API or the facade.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import ddp
 from .plan import Job
 
 __all__ = ["Case", "Point", "CASES", "register", "jobs", "zeros"]
@@ -62,6 +67,12 @@ class Case:
         legs: the iteration's time is divided by this (a ping-pong's round
             trip is 2 one-way legs).
         note: how busbw (or the time) is derived, for the table heading.
+        torch_api: needs torch.distributed's own API (``comm`` is the
+            ``torch.distributed`` module): measured on gloo, and on asyncdist
+            through its torch backend, never through the await API or facade.
+        dtype: the element type of the row whatever ``--dtype`` says (None: ``--dtype``).
+        one_per_rep: every repetition is a single call, whatever ``--iters``
+            says, so the report is the median over calls (training steps).
     """
 
     name: str
@@ -71,6 +82,9 @@ class Case:
     split: bool = False
     legs: int = 1
     note: str = ""
+    torch_api: bool = False
+    dtype: str | None = None
+    one_per_rep: bool = False
 
     def count_for(self, nbytes: int, itemsize: int, n: int) -> int:
         """Element count of a row of ``nbytes`` bytes (at least one per rank)."""
@@ -93,13 +107,18 @@ def register(case: Case) -> Case:
     return case
 
 
-def jobs(ops: list[str], sizes: list[int], itemsize: int, world_size: int) -> tuple[Job, ...]:
+def jobs(ops: list[str], sizes: list[int], itemsize: int, world_size: int,
+         fixed: dict[str, int] | None = None) -> tuple[Job, ...]:
     """The jobs of a sweep, op by op: one per distinct element count
-    (rounding can map two sizes to one count), one for an unsized op."""
+    (rounding can map two sizes to one count), one for an unsized op, whose
+    count is ``fixed[op]`` if given (the DDP model's parameters), else 0."""
     result: list[Job] = []
     for op in ops:
         case = CASES[op]
-        counts = dict.fromkeys(case.count_for(size, itemsize, world_size) for size in sizes)
+        if fixed and op in fixed:
+            counts = {fixed[op]: None}
+        else:
+            counts = dict.fromkeys(case.count_for(size, itemsize, world_size) for size in sizes)
         result.extend(Job(op, count) for count in counts)
     return tuple(result)
 
@@ -179,3 +198,6 @@ register(Case("reduce_scatter", _reduce_scatter, _ring_factor, split=True, note=
 register(Case("all_to_all", _all_to_all, _ring_factor, split=True, note=_ALL_TO_ALL_NOTE))
 register(Case("barrier", _barrier, None, sized=False, note="time per barrier"))
 register(Case("sendrecv", _sendrecv, lambda n: 1.0, legs=2, note=_SENDRECV_NOTE))
+register(Case("ddp", ddp.build_step, None, sized=False, torch_api=True, dtype="float32", one_per_rep=True,
+              note="DistributedDataParallel training step of an MLP, count = parameters; time per step; "
+              "asyncdist = its torch.distributed backend"))

@@ -9,6 +9,10 @@ Presets fill the flags not given: the default sweeps 8 B .. 64 MiB by x4
 with 5 repetitions of >= 20 ms (``-f 2`` for the full sweep); ``--quick``
 is a smoke run for CI (8 B .. 64 KiB by x8, 3 short repetitions). Explicit
 flags override both.
+
+``--ops ddp`` adds the DDP training-step row (:mod:`asyncdist.bench.ddp`),
+which is not in the default ``--ops``: it needs torch, and asyncdist runs it
+through its torch backend, a series of its own.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import Any, Sequence
 from ..loop_thread import LOOP_ENV
 from . import plot, report
 from .cases import CASES, jobs
+from .ddp import mlp_params, mlp_width
 from .plan import DTYPE_SIZES, SERIES, Plan, Series, format_bytes, parse_bytes, size_sweep
-from .runner import Row, run_series
+from .runner import Row, run_series, runs, series_plan
 
 __all__ = ["main", "build_parser"]
 
@@ -49,6 +54,21 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: The default ``--ops``: every row but those that need torch.distributed's API (ddp).
+DEFAULT_OPS = [name for name, case in CASES.items() if not case.torch_api]
+_COUNT_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def _count(text: str) -> int:
+    """A count with a decimal suffix: ``4000``, ``4K``, ``10M``."""
+    number, unit = text.strip()[:-1], text.strip()[-1:].upper()
+    if unit not in _COUNT_UNITS:
+        number, unit = text.strip(), ""
+    if not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive count such as 4000, 4K or 10M, not {text!r}")
+    return int(number) * _COUNT_UNITS[unit]
+
+
 def _ops(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in CASES]
@@ -66,7 +86,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "See docs/benchmarks.md.",
     )
     p.add_argument("--world-size", type=int, default=2, help="ranks (processes on this host) per library (default 2)")
-    p.add_argument("--ops", type=_ops, default=list(CASES), help=f"comma-separated ops (default all: {','.join(CASES)})")
+    p.add_argument("--ops", type=_ops, default=DEFAULT_OPS,
+                   help=f"comma-separated ops, from {','.join(CASES)} (default all but ddp)")
     p.add_argument("-b", "--min-bytes", type=_size, help="smallest size, e.g. 8, 1K, 64M (default 8)")
     p.add_argument("-e", "--max-bytes", type=_size, help="largest size (default 64M; 64K with --quick)")
     p.add_argument("-f", "--step-factor", type=int, help="size multiplier between rows (default 4; 2 for a full sweep)")
@@ -75,6 +96,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="asyncdist face to time: the await API (default), the blocking facade, or both "
                    "(adds the facade's per-call overhead)")
     p.add_argument("--compare", choices=["gloo"], help="also run the sweep on torch.distributed's gloo backend")
+    p.add_argument("--ddp-params", type=_count, default=10**7, metavar="N",
+                   help="ddp: parameters of the MLP whose DistributedDataParallel training step is timed, "
+                   "e.g. 10M (default); asyncdist runs it through its torch backend")
     p.add_argument("--warmup", type=int, help="warm-up calls per op and size (default 5)")
     p.add_argument("--reps", type=int, help="timed repetitions per op and size; the median is reported (default 5)")
     p.add_argument("--iters", type=int, default=0, help="calls per repetition (default 0: auto, see --min-rep-ms)")
@@ -103,8 +127,10 @@ def _loop_kind(choice: str) -> str:
 
 
 def _series(args: argparse.Namespace) -> list[Series]:
-    names = ["await", "facade"] if args.api == "both" else [args.api]
-    return [SERIES[name] for name in names + ([args.compare] if args.compare else [])]
+    """The series asked for that measure at least one of the ops (the torch backend's for ddp)."""
+    names = (["await", "facade"] if args.api == "both" else [args.api]) + ["backend"]
+    candidates = [SERIES[name] for name in names + ([args.compare] if args.compare else [])]
+    return [s for s in candidates if any(runs(s, op) for op in args.ops)]
 
 
 def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Plan, list[int]]:
@@ -124,6 +150,8 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
         parser.error("--compare gloo needs torch (pip install 'asyncdist[torch]')")
     if args.dtype == "bfloat16" and not torch:
         parser.error("--dtype bfloat16 needs torch (NumPy has no bfloat16)")
+    if "ddp" in args.ops and not torch:
+        parser.error("--ops ddp needs torch (pip install 'asyncdist[torch]')")
     ops = list(args.ops)
     if args.world_size < 2 and "sendrecv" in ops:
         ops.remove("sendrecv")
@@ -132,7 +160,8 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
         world_size=args.world_size,
         dtype=args.dtype,
         array="torch" if torch else "numpy",
-        jobs=jobs(ops, sizes, DTYPE_SIZES[args.dtype], args.world_size),
+        jobs=jobs(ops, sizes, DTYPE_SIZES[args.dtype], args.world_size,
+                  fixed={"ddp": mlp_params(mlp_width(args.ddp_params))}),
         warmup=s["warmup"],
         reps=s["reps"],
         iters=args.iters,
@@ -189,7 +218,8 @@ def _run(series: list[Series], plan: Plan, prog: str, *, timeout: float, env: di
     stderr) if one failed."""
     rows: list[Row] = []
     for s in series:
-        print(f"running {s.title}: {len(plan.jobs)} jobs on {plan.world_size} ranks ...", file=sys.stderr, flush=True)
+        count = len(series_plan(s, plan).jobs)
+        print(f"running {s.title}: {count} jobs on {plan.world_size} ranks ...", file=sys.stderr, flush=True)
         try:
             rows += run_series(s, plan, timeout=timeout, env=env)
         except Exception as exc:

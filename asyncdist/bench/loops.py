@@ -8,7 +8,8 @@ For each job of the plan, every rank:
    all_reduce(MAX) of its median warm-up time, so the slowest rank's
    estimate decides and every rank makes the same number of calls;
 4. runs ``plan.reps`` repetitions, each after a barrier, each timing
-   ``iters`` back-to-back calls with ``perf_counter``.
+   ``iters`` back-to-back calls with ``perf_counter`` (one call for a
+   ``one_per_rep`` case: a DDP training step is timed step by step).
 
 A rank returns its own seconds per call for each repetition; the parent
 takes the max over ranks and the median over repetitions
@@ -19,9 +20,10 @@ in every series alike.
 
 Three rank bodies: :func:`await_rank` (asyncdist's await API, on an event
 loop in the rank's main thread), :func:`facade_rank` (the blocking facade)
-and :func:`gloo_rank` (torch.distributed on gloo). The last two share one
-loop because the facade has torch.distributed's names; the first has the
-same loop with ``await`` (the colour rule: a plain loop never awaits).
+and :func:`torch_rank` (torch.distributed itself, on gloo or on asyncdist's
+torch backend). The last two share one loop because the facade has
+torch.distributed's names; the first has the same loop with ``await`` (the
+colour rule: a plain loop never awaits).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any, Iterator
 from .cases import CASES, Calls, Point, zeros
 from .plan import Job, Plan
 
-__all__ = ["Sample", "await_rank", "facade_rank", "gloo_rank"]
+__all__ = ["Sample", "await_rank", "facade_rank", "torch_rank"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,11 @@ def _calls(comm: Any, plan: Plan, job: Job, rank: int) -> Calls:
     return CASES[job.op].build(comm, Point(rank, plan.world_size, job.count, plan.dtype, plan.array))
 
 
+def _iters(plan: Plan, job: Job, estimate: Any) -> int:
+    """Calls per repetition, the same on every rank (the slowest rank's estimate decides)."""
+    return 1 if CASES[job.op].one_per_rep else plan.choose_iters(float(estimate[0]))
+
+
 def _estimate(warm: list[float], plan: Plan) -> Any:
     """A one-element float64 buffer holding this rank's warm-up median, to all_reduce(MAX)."""
     buf = zeros(1, "float64", plan.array)
@@ -72,7 +79,7 @@ def _estimate(warm: list[float], plan: Plan) -> Any:
     return buf
 
 
-# -- the blocking APIs: torch.distributed on gloo, asyncdist's facade ----------
+# -- the blocking APIs: torch.distributed (gloo or asyncdist backend), the facade --
 
 
 def _time_blocking(calls: Calls, iters: int) -> float:
@@ -87,7 +94,7 @@ def _measure_blocking(dist: Any, plan: Plan, job: Job, rank: int) -> Sample:
     calls = _calls(dist, plan, job, rank)
     estimate = _estimate([_time_blocking(calls, 1) for _ in range(plan.warmup)], plan)
     dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
-    iters = plan.choose_iters(float(estimate[0]))
+    iters = _iters(plan, job, estimate)
     seconds = []
     for _ in range(plan.reps):
         dist.barrier()
@@ -107,17 +114,24 @@ def facade_rank(plan: Plan) -> list[Sample]:
         dist.destroy_process_group()
 
 
-def gloo_rank(plan: Plan, init_file: str) -> list[Sample]:
-    """Rank body: measure every job through torch.distributed's gloo backend.
+def torch_rank(plan: Plan, init_file: str, backend: str) -> list[Sample]:
+    """Rank body: measure every job through torch.distributed, on ``backend``.
 
     Args:
         init_file: a path that does not exist yet, for ``file://`` rendezvous
-            (no port to choose; gloo's own sockets take ephemeral ports).
+            (no port to choose; the backend's own sockets take ephemeral ports).
+            ``spawn``'s store speaks asyncdist's protocol, which torch's env://
+            cannot, so torch's own FileStore is used, for both backends alike.
+        backend: ``"gloo"``, or ``"asyncdist"`` (asyncdist's torch backend,
+            registered by importing :mod:`asyncdist.torch_backend`).
     """
     import torch.distributed as dist
 
+    if backend == "asyncdist":
+        import asyncdist.torch_backend  # noqa: F401  registers the backend
+
     rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", init_method=Path(init_file).as_uri(), rank=rank, world_size=plan.world_size)
+    dist.init_process_group(backend, init_method=Path(init_file).as_uri(), rank=rank, world_size=plan.world_size)
     try:
         return [_measure_blocking(dist, plan, job, rank) for job in plan.jobs]
     finally:
@@ -141,7 +155,7 @@ async def _measure_await(world: Any, plan: Plan, job: Job) -> Sample:
     calls = _calls(world, plan, job, world.rank)
     estimate = _estimate([await _time_await(calls, 1) for _ in range(plan.warmup)], plan)
     await world.all_reduce(estimate, ReduceOp.MAX)
-    iters = plan.choose_iters(float(estimate[0]))
+    iters = _iters(plan, job, estimate)
     seconds = []
     for _ in range(plan.reps):
         await world.barrier()

@@ -6,8 +6,9 @@ same (op, element count) jobs with the same settings. It holds only plain
 values: no library is imported here.
 
 A :class:`Series` names one thing under test: a library and the API it is
-driven through (asyncdist's await API, asyncdist's blocking facade, or
-torch.distributed on gloo). Each series runs in its own set of processes.
+driven through (asyncdist's await API, asyncdist's blocking facade,
+torch.distributed on asyncdist's torch backend, or torch.distributed on
+gloo). Each series runs in its own set of processes.
 """
 
 from __future__ import annotations
@@ -82,23 +83,26 @@ class Series:
     """One thing under test: a library driven through one API."""
 
     library: str  # "asyncdist" or "gloo"
-    api: str  # "await", "facade" or "torch"
+    api: str  # "await", "facade", "backend" (torch.distributed over asyncdist) or "torch" (gloo)
 
     @property
     def label(self) -> str:
         """Short name, for column headings and the plot's legend."""
-        return "asyncdist facade" if self.api == "facade" else self.library
+        return {"facade": "asyncdist facade", "backend": "asyncdist backend"}.get(self.api, self.library)
 
     @property
     def title(self) -> str:
         """Long name, for the header and progress lines."""
-        return {"await": "asyncdist (await API)", "facade": "asyncdist (blocking facade)"}.get(self.api, "torch.distributed gloo")
+        return {"await": "asyncdist (await API)", "facade": "asyncdist (blocking facade)",
+                "backend": "asyncdist (torch.distributed backend)"}.get(self.api, "torch.distributed gloo")
 
 
-#: The series a run can include, by the name the command line uses.
+#: The series a run can include, by the name the command line uses. "backend"
+#: runs only the rows that need torch.distributed's API (the DDP step).
 SERIES = {
     "await": Series("asyncdist", "await"),
     "facade": Series("asyncdist", "facade"),
+    "backend": Series("asyncdist", "backend"),
     "gloo": Series("gloo", "torch"),
 }
 

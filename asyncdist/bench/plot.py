@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from .cases import CASES
 from .plan import format_bytes
 from .runner import Row
 
@@ -34,7 +35,7 @@ def missing() -> str | None:
 def write_plot(rows: list[Row], path: str | Path) -> None:
     """Draw two log-log panels, busbw and time against size, into ``path`` (PNG).
 
-    Rows without a size (barrier) are left out.
+    Rows without a size (barrier, the DDP step) are left out.
 
     Raises:
         ImportError: matplotlib is not installed (see :func:`missing`).
@@ -46,7 +47,7 @@ def write_plot(rows: list[Row], path: str | Path) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
-    sized = [r for r in rows if r.count]
+    sized = [r for r in rows if r.count and CASES[r.op].sized]
     ops = list(dict.fromkeys(r.op for r in sized))
     series = list(dict.fromkeys(r.series for r in sized))
     colours = {op: plt.get_cmap("tab10")(i % 10) for i, op in enumerate(ops)}

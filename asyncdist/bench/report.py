@@ -2,8 +2,8 @@
 
 Pure formatting over :class:`~asyncdist.bench.runner.Row` values: nothing
 here starts a process or reads a clock. One table per op, one line per
-size; each series under test gets a column group (time, algbw, busbw), then
-come the derived columns: the facade's overhead over the await API (small
+size; each series that measured the op gets a column group (time, algbw,
+busbw), then come the derived columns: the facade's overhead over the await API (small
 sizes only, where it is not lost in data movement) and the ratio
 ``gloo time / asyncdist time`` (> 1: asyncdist is faster).
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable
 
+from . import ddp
 from .cases import CASES
 from .plan import SERIES, Plan, Series, format_bytes
 from .runner import Row
@@ -68,12 +69,14 @@ def header(command: str, env: dict[str, str], plan: Plan, series: list[Series], 
         f"# {command}",
         "# " + " | ".join(f"{name} {env[name]}" for name in ("python", "torch", "numpy", "asyncdist", "loop")),
         f"# {env['platform']}, {env['cpus']} CPUs",
-        f"# {plan.world_size} ranks on this host, {plan.dtype} ({plan.array} buffers), sizes {sweep}",
+        f"# {plan.world_size} ranks on this host, {plan.dtype} ({plan.array} buffers)"
+        + (f", sizes {sweep}" if any(CASES[job.op].sized for job in plan.jobs) else ""),
         f"# series: {', '.join(s.title for s in series)} (each in its own processes, one after the other)",
         f"# per op and size: warm-up calls {plan.warmup}, then {plan.reps} repetitions of "
         + (f"{plan.iters} calls" if plan.iters else f">= {plan.min_rep_s * 1e3:g} ms (<= {plan.max_iters} calls)"),
         "# time = median over repetitions of the slowest rank's time per call; GB/s = 1e9 bytes/s",
     ]
+    lines += [f"# ddp: {ddp.describe(job.count)}; one step per repetition" for job in plan.jobs if job.op == "ddp"]
     if any(s.library == "gloo" for s in series):
         lines.append("# ratio = gloo time / asyncdist time: > 1 means asyncdist is faster")
     return lines
@@ -112,7 +115,7 @@ def _columns(series: list[Series]) -> list[_Column]:
     if _AWAIT in series and _FACADE in series:
         columns.append(_Column("facade", "overhead", "(us)", 8, lambda c: _num(_overhead(c), "+.1f")))
     for s in mine if _GLOO in series else ():
-        unit = f"(gloo/{s.api})" if len(mine) == 2 else "(gloo/asyncdist)"
+        unit = f"(gloo/{s.api})" if len(mine) > 1 else "(gloo/asyncdist)"
         columns.append(_Column("", "ratio", unit, 8, lambda c, s=s: _num(_ratio(c, s))))
     return columns
 
@@ -160,11 +163,11 @@ def _group_line(columns: list[_Column], widths: list[int]) -> str:
 
 
 def tables(rows: list[Row], series: list[Series]) -> list[str]:
-    """One table per op, as nccl-tests prints them."""
-    columns = _columns(series)
-    widths = [max(c.width, len(c.name), len(c.unit)) for c in columns]
+    """One table per op, as nccl-tests prints them, with the series that measured that op."""
     lines: list[str] = []
     for op, sizes in _grouped(rows).items():
+        columns = _columns([s for s in series if any(s in cells for cells in sizes.values())])
+        widths = [max(c.width, len(c.name), len(c.unit)) for c in columns]
         n = _any(next(iter(sizes.values()))).world_size
         lines += ["", f"# {op}, {n} ranks: {CASES[op].note}", _group_line(columns, widths)]
         lines.append(_line([c.name for c in columns], widths, "#"))
@@ -251,6 +254,7 @@ def to_json(
         "max_iters": plan.max_iters,
         "series": [f"{s.library}:{s.api}" for s in series],
     }
+    config.update({"ddp_model": ddp.describe(job.count) for job in plan.jobs if job.op == "ddp"})
     return {
         "command": command,
         "environment": env,

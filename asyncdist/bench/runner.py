@@ -3,8 +3,13 @@
 Every series runs in a fresh set of ``plan.world_size`` processes started
 by :func:`asyncdist.testing.spawn` (a parent-served store on an ephemeral
 port), one series after the other, so two libraries never share a process
-or compete for the cores. gloo ranks rendezvous through ``file://`` on a
-temporary file instead; they ignore the asyncdist store.
+or compete for the cores. torch.distributed's ranks (gloo, and asyncdist's
+torch backend) rendezvous through ``file://`` on a temporary file instead;
+they ignore the asyncdist store.
+
+A series measures the jobs it can run (:func:`series_plan`): the await API
+and the facade every row but those that need torch.distributed's own API
+(the DDP step), asyncdist's torch backend only those, gloo all of them.
 
 The timings come back as ``spawn``'s results (a multiprocessing queue), and
 :func:`combine` reduces them: per repetition the slowest rank's time, then
@@ -13,6 +18,7 @@ the median over repetitions.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -20,10 +26,10 @@ from dataclasses import dataclass
 
 from ..testing.spawn import spawn
 from .cases import CASES
-from .loops import Sample, await_rank, facade_rank, gloo_rank
+from .loops import Sample, await_rank, facade_rank, torch_rank
 from .plan import DTYPE_SIZES, Plan, Series
 
-__all__ = ["Row", "run_series", "combine"]
+__all__ = ["Row", "run_series", "series_plan", "runs", "combine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +37,8 @@ class Row:
     """One (op, size, series) result.
 
     Attributes:
-        nbytes, count: the row's size in bytes and elements (0 when unsized).
+        nbytes, count: the row's size in bytes and elements (0 when unsized;
+            for the DDP step, the model's parameters and their bytes).
         time_us: median over repetitions of the slowest rank's time per call
             (per one-way leg for a ping-pong), microseconds.
         algbw, busbw: GB/s (1e9 bytes), None for rows without bandwidth.
@@ -52,21 +59,40 @@ class Row:
     reps_us: tuple[float, ...]
 
 
+def runs(series: Series, op: str) -> bool:
+    """Whether ``series`` measures ``op`` (see the module doc)."""
+    if series.library == "gloo":
+        return True
+    return CASES[op].torch_api == (series.api == "backend")
+
+
+def series_plan(series: Series, plan: Plan) -> Plan:
+    """``plan`` with only the jobs ``series`` measures."""
+    return dataclasses.replace(plan, jobs=tuple(job for job in plan.jobs if runs(series, job.op)))
+
+
 def run_series(series: Series, plan: Plan, *, timeout: float, env: dict[str, str] | None = None) -> list[Row]:
-    """Measure ``plan`` on ``series`` in its own rank processes (blocks).
+    """Measure ``plan``'s jobs that ``series`` runs, in its own rank processes (blocks).
 
     Args:
         timeout: seconds the whole sweep of this series may take.
         env: extra environment for the ranks (e.g. ``ASYNCDIST_LOOP``).
 
+    Returns:
+        One row per job measured; none (and no process started) if ``series`` runs none.
+
     Raises:
         Exception: a rank's error, re-raised by ``spawn`` with its traceback.
         DistTimeoutError: the sweep took longer than ``timeout``.
     """
-    if series.library == "gloo":
+    plan = series_plan(series, plan)
+    if not plan.jobs:
+        return []
+    if series.api in ("torch", "backend"):
+        backend = "gloo" if series.library == "gloo" else "asyncdist"
         with tempfile.TemporaryDirectory(prefix="asyncdist-bench-") as tmp:
             init_file = os.path.join(tmp, "rendezvous")
-            per_rank = spawn(plan.world_size, gloo_rank, plan, init_file, timeout=timeout, env=env)
+            per_rank = spawn(plan.world_size, torch_rank, plan, init_file, backend, timeout=timeout, env=env)
     else:
         body = facade_rank if series.api == "facade" else await_rank
         per_rank = spawn(plan.world_size, body, plan, timeout=timeout, env=env)
@@ -82,7 +108,8 @@ def combine(series: Series, plan: Plan, per_rank: list[list[Sample]]) -> list[Ro
         samples = [samples[index] for samples in per_rank]
         slowest = [max(s.seconds[rep] for s in samples) / case.legs for rep in range(plan.reps)]
         seconds = statistics.median(slowest)
-        nbytes = job.count * DTYPE_SIZES[plan.dtype]
+        dtype = case.dtype or plan.dtype
+        nbytes = job.count * DTYPE_SIZES[dtype]
         algbw = busbw = None
         if case.bus_factor is not None and seconds > 0:
             algbw = nbytes / seconds / 1e9
@@ -92,7 +119,7 @@ def combine(series: Series, plan: Plan, per_rank: list[list[Sample]]) -> list[Ro
                 op=job.op,
                 nbytes=nbytes,
                 count=job.count,
-                dtype=plan.dtype,
+                dtype=dtype,
                 series=series,
                 world_size=plan.world_size,
                 time_us=seconds * 1e6,

@@ -1,23 +1,26 @@
-"""The launcher's side of the rendezvous: the job's store, identity and worker environments.
+"""The launcher's side of the rendezvous: the job's stores, identity and worker environments.
 
-Like torchrun's agent, the launcher on node 0 serves the job's TCPStore at
+Like torchrun's agent, the launcher on node 0 serves the job's store at
 ``MASTER_ADDR:MASTER_PORT`` itself and tells its workers so
 (``TORCHELASTIC_USE_AGENT_STORE=True``): every worker is a store client, and
 the store outlives a failed attempt, so a restarted group rendezvouses on it
-again, under ``/worker/attempt_{TORCHELASTIC_RESTART_COUNT}``. Launchers on
-the other nodes connect to it, which makes them wait for node 0, and check in
-when their workers are done, so node 0 keeps the store up until every node
-has finished (torchrun's exit barrier).
+again, under ``/worker/attempt_{TORCHELASTIC_RESTART_COUNT}``. When torch is
+installed that store is torch's, for torch scripts, and asyncdist's own
+store runs beside it, announced in ``ASYNCDIST_STORE_ADDR``
+(:mod:`.stores` has the rules). Launchers on the other nodes connect to
+node 0's stores, which makes them wait for node 0, and check in when their
+workers are done, so node 0 keeps the stores up until every node has
+finished (torchrun's exit barrier).
 
 Identity: on a single node the launcher makes a fresh ``ASYNCDIST_SECRET``
 and ``ASYNCDIST_JOB_ID`` (unless the environment has them) and hands them to
 its workers through their environment only. On several nodes it cannot make
 them for the other nodes: the same secret must come from the environment of
 every launcher (the job script exports it); without one, rank 0 makes one and
-shares it through the store, and the launcher says so on stderr. The store it
-serves (or joins) is authenticated with the job's secret when there is one, so
-that only the job's workers can use it. The job id
-is ``--rdzv-id``, else ``ASYNCDIST_JOB_ID``, else (single node) a fresh one.
+shares it through the store, and the launcher says so on stderr. asyncdist's
+store is authenticated with the job's secret when there is one, so that only
+the job's workers can use it. The job id is ``--rdzv-id``, else
+``ASYNCDIST_JOB_ID``, else (single node) a fresh one.
 
 This module starts no process; :mod:`.supervisor` does.
 """
@@ -34,32 +37,26 @@ from typing import Mapping
 
 from ..errors import StoreError
 from ..rendezvous.bootstrap import JOB_ID_ENV, SECRET_ENV
-from ..rendezvous.init_method import AGENT_STORE_ENV
-from ..rendezvous.tcp_store import TCPStore
+from ..rendezvous.init_method import AGENT_STORE_ENV, STORE_ADDR_ENV
+from ..rendezvous.torch_store import AGENT_STORE_KIND_ENV
 from .args import LaunchConfig
+from .stores import JOIN_TIMEOUT, LaunchError, open_stores, store_kind
 
 __all__ = ["Job", "LaunchError"]
 
-#: How long a launcher waits for node 0's store, and node 0 for the others
-#: to finish (torchrun's exit barrier waits 300 s too).
-JOIN_TIMEOUT = timedelta(seconds=300)
 _DONE_KEY = "asyncdist-run/nodes_done"
 _ALL_DONE_KEY = "asyncdist-run/all_done"
 
 
-class LaunchError(Exception):
-    """The launcher itself cannot go on (store port taken, master unreachable, ...)."""
-
-
 class Job:
-    """One node's share of a job: the store connection and what each worker is told.
+    """One node's share of a job: the store connections and what each worker is told.
 
     Args:
         config: the parsed command line.
         environ: the launcher's environment, the base of every worker's.
 
     Raises:
-        LaunchError: node 0 cannot serve the store, or another node cannot reach it.
+        LaunchError: node 0 cannot serve the stores, or another node cannot reach them.
     """
 
     def __init__(self, config: LaunchConfig, environ: Mapping[str, str] = os.environ) -> None:
@@ -70,24 +67,22 @@ class Job:
         self.secret = environ.get(SECRET_ENV) or (secrets.token_hex(32) if single else None)
         if self.secret is None:
             print(f"asyncdist-run: {SECRET_ENV} is not set: rank 0 will make the job's secret and share it "
-                  f"through the store at {config.master_addr}:{config.master_port}, readable by anyone who "
-                  f"can reach that port; export the same {SECRET_ENV} on every node to avoid this",
+                  f"through the job's store on node 0 ({config.master_addr}), readable by anyone who "
+                  f"can reach it; export the same {SECRET_ENV} on every node to avoid this",
                   file=sys.stderr, flush=True)
-        self.store = self._open_store()
-        self.port = self.store.port
+        self.stores = open_stores(config, self.secret, store_kind(environ))
+        self.store = self.stores.store  # asyncdist's: the exit barrier runs on it
+        self.port = self.stores.master_port
 
-    def _open_store(self) -> TCPStore:
-        cfg = self.config
-        serve = cfg.node_rank == 0
-        # One node: bind the master address (loopback by default). Several: every
-        # interface, since MASTER_ADDR may resolve to a loopback alias on node 0 itself.
-        host = cfg.master_addr if serve and cfg.nnodes == 1 else ("" if serve else cfg.master_addr)
-        try:
-            return TCPStore(host, cfg.master_port, is_master=serve, timeout=JOIN_TIMEOUT, wait_for_workers=False,
-                            secret=self.secret or "")  # the workers' secret: only they may use the store
-        except StoreError as exc:
-            what = "serve the job's store on" if serve else "reach node 0's store at"
-            raise LaunchError(f"cannot {what} {cfg.master_addr}:{cfg.master_port}: {exc}") from exc
+    def begin_attempt(self, restart_count: int, timeout: float) -> bool:
+        """Get the stores ready for attempt ``restart_count`` (blocking; see
+        :meth:`.stores.JobStores.begin_attempt`): True when it may start,
+        False when this node waited ``timeout`` s for node 0 in vain.
+
+        Raises:
+            LaunchError: node 0 cannot serve torch's store again.
+        """
+        return self.stores.begin_attempt(restart_count, timeout)
 
     def worker_env(self, local_rank: int, restart_count: int) -> dict[str, str]:
         """The environment of one worker: the launcher's, plus torchrun's variables."""
@@ -112,8 +107,12 @@ class Job:
             TORCHELASTIC_RESTART_COUNT=str(restart_count),
             TORCHELASTIC_MAX_RESTARTS=str(cfg.max_restarts),
             TORCHELASTIC_RUN_ID=self.job_id or "none",
-            **{AGENT_STORE_ENV: "True"},
+            **{AGENT_STORE_ENV: "True", AGENT_STORE_KIND_ENV: self.stores.kind},
         )
+        if self.stores.store_addr is not None:
+            env[STORE_ADDR_ENV] = self.stores.store_addr
+        else:  # asyncdist's store is at MASTER_PORT; never an outer job's
+            env.pop(STORE_ADDR_ENV, None)
         if self.secret is not None:
             env[SECRET_ENV] = self.secret
         if self.job_id is not None:
@@ -152,4 +151,5 @@ class Job:
             print(f"asyncdist-run: not every node checked in as done: {exc}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        self.store.close()
+        """Close the stores; on node 0 that stops serving them (idempotent)."""
+        self.stores.close()

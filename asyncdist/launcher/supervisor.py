@@ -8,7 +8,8 @@ the first exit or signal that matters decides the attempt:
 * every worker exited with code 0: the job succeeded;
 * a worker exited with another code: the others get SIGTERM, then SIGKILL
   after ``--shutdown-timeout`` s; the group is started again while
-  ``--max-restarts`` allows, else the launcher exits 1 (as torchrun does);
+  ``--max-restarts`` allows (after :meth:`~.job.Job.begin_attempt` has made
+  the stores ready for it), else the launcher exits 1 (as torchrun does);
 * the launcher got SIGINT, SIGTERM or SIGHUP: the same signal goes to every
   worker (SIGINT gives Python workers a KeyboardInterrupt and its traceback),
   SIGKILL follows after the timeout or at once on a second signal, and the
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 from .job import Job, LaunchError
+from .stores import JOIN_TIMEOUT
 
 __all__ = ["run_job", "FAILURE_EXIT_CODE"]
 
@@ -45,6 +47,7 @@ __all__ = ["run_job", "FAILURE_EXIT_CODE"]
 FAILURE_EXIT_CODE = 1
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _DRAIN_SECONDS = 5.0  # how long output still in the pipes may take to arrive after the group ended
+_READY_SLICE = 1.0  # seconds per wait for node 0's next attempt, between looks at the signals
 _PR_SET_PDEATHSIG = 1
 
 
@@ -270,6 +273,27 @@ async def _run_group(job: Job, restart_count: int, signals: _Signals,
     return outcome
 
 
+async def _begin_attempt(job: Job, restart_count: int, signals: _Signals) -> int | None:
+    """Wait until the stores are ready for this attempt (torch's served afresh,
+    :meth:`Job.begin_attempt`); the number of a signal received meanwhile, else None.
+
+    Raises:
+        LaunchError: node 0 cannot serve torch's store again, or (another node)
+            did not within the join timeout.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + JOIN_TIMEOUT.total_seconds()
+    while True:
+        ready = await asyncio.to_thread(job.begin_attempt, restart_count, _READY_SLICE)
+        if signals.received:  # meanwhile; no worker of this attempt runs yet
+            return signals.received[-1]
+        if ready:
+            return None
+        if loop.time() > deadline:
+            raise LaunchError(f"node 0 did not start attempt {restart_count} within "
+                              f"{JOIN_TIMEOUT.total_seconds():g} s")
+
+
 async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | None = None) -> int:
     """Run the worker group, restarting it after failures as configured (main thread only).
 
@@ -281,7 +305,8 @@ async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | N
         The launcher's exit code: 0, :data:`FAILURE_EXIT_CODE`, or 128 + a signal number.
 
     Raises:
-        LaunchError: a worker could not be started.
+        LaunchError: a worker could not be started, or the stores could not
+            be made ready for a restart.
     """
     consoles = (_Console(stdout or sys.stdout.buffer), _Console(stderr or sys.stderr.buffer))
     loop = asyncio.get_running_loop()
@@ -292,6 +317,8 @@ async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | N
         for restart_count in range(last + 1):
             if signals.received:
                 return 128 + signals.received[-1]
+            if (interrupted := await _begin_attempt(job, restart_count, signals)) is not None:
+                return 128 + interrupted
             outcome = await _run_group(job, restart_count, signals, consoles)
             if outcome is None:
                 return 0

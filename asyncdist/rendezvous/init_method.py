@@ -7,7 +7,11 @@ The forms torch.distributed accepts, with its meaning:
   ``srun`` or ``mpirun`` set, see :mod:`.launchers`); rank 0 serves a TCPStore
   at ``MASTER_ADDR:MASTER_PORT``, the others connect to it. Under a launcher
   that serves the store itself (``TORCHELASTIC_USE_AGENT_STORE=True``), every
-  rank is a client, under the restart attempt's key prefix.
+  rank is a client, under the restart attempt's key prefix. When
+  ``ASYNCDIST_STORE_ADDR=host:port`` is set (``asyncdist-run`` sets it when it
+  serves torch's store at ``MASTER_ADDR:MASTER_PORT`` for torch scripts), the
+  ranks join asyncdist's own, authenticated store there instead, as clients,
+  under the attempt's prefix; ``MASTER_ADDR``/``MASTER_PORT`` are not read.
 * ``tcp://host:port``: the same store, with rank and world size as arguments.
 * ``file:///path``: a :class:`FileStore` on a shared file system.
 * ``store=``: a store the caller made; rank and world size are required.
@@ -32,10 +36,14 @@ from .store import Store
 from .tcp_store import TCPStore
 from .torch_store import AGENT_STORE_KIND_ENV, agent_store_is_torchs, torch_store_client
 
-__all__ = ["Plan", "resolve", "HOST_ENV", "AGENT_STORE_ENV"]
+__all__ = ["Plan", "resolve", "HOST_ENV", "AGENT_STORE_ENV", "STORE_ADDR_ENV", "store_address", "parse_store_address"]
 
 HOST_ENV = "ASYNCDIST_HOST"
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+#: ``host:port`` (``[v6]:port``) of asyncdist's store served by the launcher;
+#: when set, env:// prefers it to ``MASTER_ADDR:MASTER_PORT`` (which then
+#: belongs to torch's store, for torch scripts).
+STORE_ADDR_ENV = "ASYNCDIST_STORE_ADDR"
 _ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 
@@ -89,6 +97,40 @@ def advertise_host(master: str | None, environ: Mapping[str, str]) -> str:
         raise RendezvousError(f"cannot find a local address that reaches the master {master!r}: {exc}") from exc
 
 
+def store_address(host: str, port: int) -> str:
+    """``host:port`` as :data:`STORE_ADDR_ENV` holds it (an IPv6 address in brackets).
+
+    Example:
+        >>> store_address("::1", 29400)
+        '[::1]:29400'
+    """
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_store_address(text: str) -> tuple[str, int]:
+    """The host and port of a :data:`STORE_ADDR_ENV` value (``host:port`` or ``[v6]:port``).
+
+    Raises:
+        RendezvousError: not of that form, or the port is not in [1, 65535].
+    """
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise RendezvousError(f"{STORE_ADDR_ENV} must be host:port (or [ipv6]:port), got {text!r}")
+    return host, int(port)
+
+
+def _launcher_store(text: str, rank: int, world_size: int, timeout: float) -> Store:
+    """A client of asyncdist's store that a launcher announced in :data:`STORE_ADDR_ENV`."""
+    host, port = parse_store_address(text)
+    try:
+        return TCPStore(host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
+    except StoreError as exc:
+        raise RendezvousError(f"rank {rank}: cannot use the launcher's store at {host}:{port} "
+                              f"({STORE_ADDR_ENV}): {exc}") from exc
+
+
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str]) -> Store:
     served_by_agent = environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1")
     torchs = served_by_agent and agent_store_is_torchs(environ)  # torchrun's agent: torch's protocol
@@ -136,8 +178,9 @@ def resolve(
     if url.scheme == "env":
         # RANK/WORLD_SIZE, or what srun / mpirun set instead (see .launchers).
         found = placement(environ) if rank < 0 or world_size < 0 else None
+        launcher_store = environ.get(STORE_ADDR_ENV, "").strip()
         needed = [name for name, have in (("RANK", rank >= 0), ("WORLD_SIZE", world_size >= 0)) if not have]
-        needed = ["MASTER_ADDR", "MASTER_PORT"] + ([] if found else needed)
+        needed = ([] if launcher_store else ["MASTER_ADDR", "MASTER_PORT"]) + ([] if found else needed)
         missing = [name for name in needed if not environ.get(name)]
         if missing:
             raise RendezvousError(
@@ -150,6 +193,9 @@ def resolve(
             world_size = (_int(environ["WORLD_SIZE"], "WORLD_SIZE") if environ.get("WORLD_SIZE") or not found
                           else found.world_size)
         _check_rank(rank, world_size)
+        if launcher_store:  # asyncdist-run's own store, beside torch's at MASTER_ADDR:MASTER_PORT
+            made = AttemptStore(_launcher_store(launcher_store, rank, world_size, timeout), environ)
+            return Plan(made, rank, world_size, advertise_host(made.host, environ), owns_store=True)
         host, port = environ["MASTER_ADDR"], _int(environ["MASTER_PORT"], "MASTER_PORT")
         made = _tcp_store(host, port, rank, world_size, timeout, environ)
         if environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1"):

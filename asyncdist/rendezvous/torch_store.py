@@ -17,18 +17,22 @@ Two places hand asyncdist a store that only torch can talk to:
 
 :class:`TorchStore` wraps any object with torch's ``Store`` API in asyncdist's
 :class:`~.store.Store` interface. It never imports torch: only
-:func:`torch_store_client` does, through :mod:`asyncdist._torch`.
+:func:`torch_store_client` and :func:`torch_store_server` do, through
+:mod:`asyncdist._torch`. The server is what ``asyncdist-run`` serves at
+``MASTER_ADDR:MASTER_PORT`` so that torch scripts' env:// clients find
+torch's protocol there, as under torchrun.
 
 Which agent serves the store (:func:`agent_store_is_torchs`):
-``ASYNCDIST_AGENT_STORE=torch`` or ``=asyncdist`` says so outright. Otherwise
-``asyncdist-run`` (and :func:`asyncdist.testing.spawn`) are recognised by the
-``ASYNCDIST_SECRET`` / ``ASYNCDIST_JOB_ID`` they give every worker, which
-torchrun never sets; without them, the store is torchrun's if
-``TORCHELASTIC_RUN_ID`` is set (torchrun always sets it) and torch is
-installed. The explicit variable is for the two cases the rule gets wrong:
-a secret exported by hand under torchrun, and an ``asyncdist-run`` on several
-nodes with neither a secret nor a job id. A wrong guess is costly: torch's
-client and asyncdist's server may wait on each other without a timeout.
+``ASYNCDIST_AGENT_STORE=torch`` or ``=asyncdist`` says so outright, and
+``asyncdist-run`` always sets it (its asyncdist workers use
+``ASYNCDIST_STORE_ADDR`` anyway, see :mod:`.init_method`). Otherwise
+:func:`asyncdist.testing.spawn` is recognised by the ``ASYNCDIST_SECRET`` /
+``ASYNCDIST_JOB_ID`` it gives every worker, which torchrun never sets;
+without them, the store is torchrun's if ``TORCHELASTIC_RUN_ID`` is set
+(torchrun always sets it) and torch is installed. The explicit variable is
+for the case the rule gets wrong: a secret exported by hand under torchrun.
+A wrong guess is costly: torch's client and asyncdist's server may wait on
+each other without a timeout.
 
 Invariants: torch's errors (``DistStoreError``, ``DistNetworkError``, all
 ``RuntimeError``) become :class:`~asyncdist.errors.StoreError` here, at the
@@ -40,6 +44,8 @@ in 0.2 s slices, and each torch wait that times out logs two warnings.
 from __future__ import annotations
 
 import importlib.util
+import os
+import socket
 import time
 from datetime import timedelta
 from typing import Any, Callable, Mapping
@@ -49,7 +55,10 @@ from ..errors import RendezvousError, StoreError
 from .bootstrap import JOB_ID_ENV, SECRET_ENV
 from .store import Store
 
-__all__ = ["TorchStore", "agent_store_is_torchs", "torch_store_client", "AGENT_STORE_KIND_ENV", "RUN_ID_ENV"]
+__all__ = [
+    "TorchStore", "agent_store_is_torchs", "torch_store_client", "torch_store_server", "AGENT_STORE_KIND_ENV",
+    "RUN_ID_ENV",
+]
 
 #: ``torch`` or ``asyncdist``: whose protocol the launcher's store speaks.
 AGENT_STORE_KIND_ENV = "ASYNCDIST_AGENT_STORE"
@@ -58,6 +67,7 @@ RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 
 _POLL_FIRST = 0.001  # seconds; a key set by a rank on the same host shows up fast
 _POLL_MAX = 0.05  # seconds; bounds the latency a poll adds to one rendezvous step
+_BACKLOG = 2048  # connections a served store queues: every worker of a node may connect at once
 
 
 class TorchStore(Store):
@@ -193,3 +203,54 @@ def torch_store_client(host: str, port: int, timeout: float) -> TorchStore:
     except RuntimeError as exc:
         raise StoreError(f"cannot reach torch's TCPStore at {host}:{port}: {exc}") from exc
     return TorchStore(client, owned=True)
+
+
+def _listener(bind: str, port: int) -> socket.socket:
+    """A listening socket on ``bind:port`` (``""``: every interface, IPv6 too where possible)."""
+    if bind == "":
+        if socket.has_dualstack_ipv6():
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=_BACKLOG)
+        return socket.create_server(("", port), backlog=_BACKLOG)
+    family = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((bind, port), family=family, backlog=_BACKLOG)
+
+
+def torch_store_server(host: str, port: int, timeout: float, *, bind: str | None = None) -> TorchStore:
+    """Serve a torch ``TCPStore`` on ``port`` (0: a free one), as torchrun's agent does (blocking).
+
+    The server has no authentication, like torchrun's. Closing the returned
+    store (the only reference to torch's object) stops the server and frees
+    the port.
+
+    Args:
+        host: the master's address, where the returned store's own client connects.
+        port: the port to bind; read the bound one from ``.port``.
+        timeout: seconds, the store's default timeout for its operations.
+        bind: the interface to listen on (``""``: every one). None lets torch
+            choose, and torch listens on every interface whatever ``host`` is;
+            otherwise the socket is bound here (``SO_REUSEADDR``, so the port
+            can be served again at once) and handed to torch
+            (``master_listen_fd``), which closes it with the server.
+
+    Raises:
+        StoreError: torch is not installed, or the port cannot be bound.
+    """
+    torch = torch_or_none()
+    if torch is None:
+        raise StoreError("torch is not installed, so torch's TCPStore cannot be served")
+    fd = None
+    if bind is not None:
+        try:
+            listener = _listener(bind, port)
+        except OSError as exc:
+            raise StoreError(f"cannot listen on {bind or '*'}:{port}: {exc}") from exc
+        port = listener.getsockname()[1]
+        fd = listener.detach()  # torch's server owns it from now on
+    try:
+        server = torch.distributed.TCPStore(host, port, is_master=True, timeout=timedelta(seconds=timeout),
+                                            wait_for_workers=False, master_listen_fd=fd)
+    except RuntimeError as exc:  # DistNetworkError: address in use, ...
+        if fd is not None:
+            os.close(fd)
+        raise StoreError(f"torch's TCPStore: {exc}") from exc
+    return TorchStore(server, owned=True)

@@ -6,7 +6,10 @@ gives: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT`` and ``TORCHELASTIC_USE_AGENT_STORE=True`` (the ranks join
 the parent's store instead of serving one), plus the job's secret, which
 the store is authenticated with too. So ``dist.init_process_group()`` with
-no arguments works inside ``fn``.
+no arguments works inside ``fn``, also when ``spawn`` itself runs under
+``asyncdist-run``: the ranks are told the store is asyncdist's
+(``ASYNCDIST_AGENT_STORE=asyncdist``), and an ``ASYNCDIST_STORE_ADDR``
+inherited from the launcher is dropped, so they join the parent's store.
 
 A rank that raises makes ``spawn`` stop the others and re-raise that error
 with the rank and the remote traceback (the first error raised, not a peer's
@@ -75,6 +78,7 @@ def _outcome(rank: int, fn: Callable[..., Any], args: tuple) -> bytes:
 
 def _rank_main(rank: int, env: dict[str, str], fn: Callable[..., Any], args: tuple, results: Any) -> None:
     os.setpgid(0, 0)  # lead a process group, so that spawn can end whatever this rank starts
+    os.environ.pop("ASYNCDIST_STORE_ADDR", None)  # an outer asyncdist-run's store, not the parent's
     os.environ.update(env)
     try:
         results.put(_outcome(rank, fn, args))
@@ -112,6 +116,7 @@ def spawn(
         "LOCAL_WORLD_SIZE": str(n),
         "MASTER_ADDR": "127.0.0.1",
         "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "ASYNCDIST_AGENT_STORE": "asyncdist",  # the parent's store speaks asyncdist's protocol
         "ASYNCDIST_SECRET": secrets.token_hex(16),
         "ASYNCDIST_JOB_ID": uuid.uuid4().hex,
         **(env or {}),

@@ -16,6 +16,12 @@ ranks outside a new group, so those ranks could not keep count. A world per
 group needs no such agreement, at the cost of one connection per pair of
 members per group.
 
+Under a launcher that serves the store (torchrun, asyncdist-run) the store
+outlives a failed attempt, and torch 2.13's env:// does not scope it per
+attempt, so a restarted process would find its rank already claimed by the
+last attempt. The keys therefore also go under the attempt,
+``TORCHELASTIC_RESTART_COUNT`` (0 when unset), read when the group is created.
+
 Every group of the process lives on one :class:`~asyncdist.loop_thread.LoopThread`,
 started by the first group and stopped when the last one is shut down
 (``destroy_process_group``). :data:`_runtime` is the one object that holds it.
@@ -26,6 +32,7 @@ group; it blocks until every member has joined (as torch's own backends do).
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -67,6 +74,11 @@ class _Runtime:
 _runtime = _Runtime()
 
 
+def _attempt() -> str:
+    """The launcher's restart attempt (``TORCHELASTIC_RESTART_COUNT``), ``"0"`` without one."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip() or "0"
+
+
 def create_backend(options: Any, backend_options: Any = None) -> AsyncdistProcessGroup:
     """Join the group torch is creating and return its ProcessGroup (blocking).
 
@@ -98,7 +110,7 @@ def create_backend(options: Any, backend_options: Any = None) -> AsyncdistProces
                 world_size=options.group_size,
                 timeout=timeout,
                 group_name=f"torch:{name}" + (f" (global ranks {members})" if members else ""),
-                store_prefix=f"asyncdist/{generation}",
+                store_prefix=f"asyncdist/attempt_{_attempt()}/{generation}",
             ),
             what="torch.distributed: creating an asyncdist process group",
         )

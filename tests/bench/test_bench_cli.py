@@ -11,10 +11,12 @@ import sys
 
 import pytest
 
-from asyncdist.bench.cli import build_parser, main
+from asyncdist.bench.cases import CASES, jobs
+from asyncdist.bench.cli import _series, build_parser, main
+from asyncdist.bench.ddp import LAYERS, mlp_params, mlp_width
 from asyncdist.bench.loops import Sample
 from asyncdist.bench.plan import SERIES, Job, Plan, parse_bytes, size_sweep
-from asyncdist.bench.runner import combine
+from asyncdist.bench.runner import combine, runs
 
 OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier", "sendrecv"]
 # Two sizes (8 B, 64 B), one warm-up call, two repetitions of two calls: seconds, not minutes.
@@ -44,7 +46,7 @@ def test_help_names_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--world-size", "--ops", "--min-bytes", "--max-bytes", "--step-factor", "--dtype", "--api",
-                 "--compare", "--reps", "--iters", "--quick", "--json", "--plot"):
+                 "--compare", "--reps", "--iters", "--quick", "--json", "--plot", "--ddp-params"):
         assert flag in out
 
 
@@ -87,6 +89,44 @@ def test_max_over_ranks_then_median_over_repetitions() -> None:
     assert reduce.reps_us == pytest.approx((3e3, 5e3, 2e3)) and reduce.time_us == pytest.approx(3e3)
     assert reduce.nbytes == 1024 and reduce.busbw == pytest.approx(reduce.algbw)  # 2(n-1)/n = 1 for n = 2
     assert pingpong.time_us == pytest.approx(2e3)  # one-way: half the round trip
+
+
+# -- the DDP row's plumbing ------------------------------------------------------------
+
+
+def test_ddp_is_not_in_the_default_ops_and_runs_on_the_torch_backend_and_gloo_only() -> None:
+    assert build_parser().parse_args([]).ops == OPS
+    assert [s.api for s in SERIES.values() if runs(s, "ddp")] == ["backend", "torch"]
+    assert [s.api for s in SERIES.values() if runs(s, "all_reduce")] == ["await", "facade", "torch"]
+    chosen = _series(build_parser().parse_args(["--ops", "all_reduce,ddp", "--api", "both", "--compare", "gloo"]))
+    assert [s.api for s in chosen] == ["await", "facade", "backend", "torch"]
+    assert [s.api for s in _series(build_parser().parse_args(["--ops", "ddp"]))] == ["backend"]
+
+
+@pytest.mark.parametrize("params", [1, 4000, 10**7])
+def test_the_mlp_is_sized_by_its_parameter_count(params: int) -> None:
+    width = mlp_width(params)
+    assert width == 1 or LAYERS * width**2 <= params < LAYERS * (width + 1) ** 2  # weights; biases add 0.1 % at 10M
+    assert mlp_width(mlp_params(width)) == width  # the parent's count is the rank's model
+    assert mlp_params(3) == LAYERS * (9 + 3)
+
+
+def test_ddp_params_accepts_decimal_suffixes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build_parser().parse_args(["--ddp-params", "10M"]).ddp_params == 10_000_000
+    assert build_parser().parse_args(["--ddp-params", "4000"]).ddp_params == 4000
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--ddp-params", "lots"])
+    assert "positive count" in capsys.readouterr().err
+
+
+def test_the_ddp_row_has_one_count_and_float32_whatever_the_sweep() -> None:
+    assert jobs(["ddp", "barrier"], [8, 64], 8, 2, fixed={"ddp": 3968}) == (Job("ddp", 3968), Job("barrier", 0))
+    plan = Plan(world_size=2, dtype="float64", array="torch", jobs=(Job("ddp", 3968),), reps=3)
+    samples = [[Sample(1, (3e-3, 1e-3, 2e-3))], [Sample(1, (1e-3, 4e-3, 1e-3))]]
+    (row,) = combine(SERIES["backend"], plan, samples)
+    assert (row.dtype, row.nbytes, row.count, row.busbw) == ("float32", 4 * 3968, 3968, None)
+    assert row.time_us == pytest.approx(3e3)  # max over ranks (3, 4, 2 ms), then the median
+    assert CASES["ddp"].torch_api and CASES["ddp"].one_per_rep
 
 
 # -- tiny sweeps on real rank processes --------------------------------------------------
@@ -146,3 +186,26 @@ def test_plot_is_written_with_matplotlib(capsys, tmp_path) -> None:
     path = tmp_path / "bench.png"
     run(capsys, *TINY, "--ops", "all_reduce,barrier", "--plot", str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tiny_ddp_row_against_gloo(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    pytest.importorskip("torch")
+    path = tmp_path / "ddp.json"
+    out, err = run(capsys, "--world-size", "2", "--ops", "ddp", "--compare", "gloo", "--ddp-params", "4K",
+                   "--warmup", "1", "--reps", "3", "--json", str(path))
+    assert table_titles(out) == ["ddp"]
+    assert "# ddp: MLP of 3,968 parameters (4 x Linear(31, 31)" in out
+    assert "asyncdist backend" in out and "(gloo/asyncdist)" in out and "gloo / asyncdist (torch.distributed backend)" in out
+    assert "running asyncdist (torch.distributed backend): 1 jobs" in err and "await API" not in err
+    report = json.loads(path.read_text())
+    assert report["config"]["series"] == ["asyncdist:backend", "gloo:torch"]
+    assert report["config"]["ddp_model"].startswith("MLP of 3,968 parameters")
+    rows = {(row["library"], row["api"]): row for row in report["rows"]}
+    assert set(rows) == {("asyncdist", "backend"), ("gloo", "torch")}
+    for row in rows.values():
+        assert ROW_FIELDS <= row.keys()
+        assert (row["op"], row["count"], row["bytes"], row["dtype"]) == ("ddp", 3968, 4 * 3968, "float32")
+        assert row["iters"] == 1 and len(row["reps_us"]) == 3 and row["busbw_gbps"] is None
+        assert row["time_us"] == sorted(row["reps_us"])[1]  # the median step
+    ratio = rows[("asyncdist", "backend")]["gloo_ratio"]
+    assert ratio == pytest.approx(rows[("gloo", "torch")]["time_us"] / rows[("asyncdist", "backend")]["time_us"])

@@ -7,7 +7,7 @@ import pytest
 
 import asyncdist as dist
 from asyncdist.errors import ClosedError, RendezvousError
-from asyncdist.rendezvous.init_method import resolve
+from asyncdist.rendezvous.init_method import parse_store_address, resolve, store_address
 from asyncdist.rendezvous.launchers import AttemptStore, Placement, local_rank_from_env, placement
 from asyncdist.rendezvous.tcp_store import TCPStore
 
@@ -20,7 +20,8 @@ TORCHRUN = {"RANK": "7", "WORLD_SIZE": "16", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZ
 
 # Everything that could leak from the environment the tests run in.
 LAUNCH_VARS = [*SLURM, *OMPI, *PMI, *TORCHRUN, "SLURM_NPROCS", "TORCHELASTIC_USE_AGENT_STORE",
-               "TORCHELASTIC_RESTART_COUNT", "ASYNCDIST_SECRET", "ASYNCDIST_JOB_ID", "ASYNCDIST_HOST"]
+               "TORCHELASTIC_RESTART_COUNT", "ASYNCDIST_SECRET", "ASYNCDIST_JOB_ID", "ASYNCDIST_HOST",
+               "ASYNCDIST_STORE_ADDR", "ASYNCDIST_AGENT_STORE"]
 
 
 @pytest.mark.parametrize(
@@ -120,6 +121,40 @@ def test_agent_store_is_scoped_to_the_restart_attempt() -> None:
         assert agent.get("still") == b"served"
     finally:
         agent.close()
+
+
+def test_launchers_own_store_is_preferred_to_master_port() -> None:
+    """ASYNCDIST_STORE_ADDR (asyncdist-run beside torch's store) wins over MASTER_ADDR:MASTER_PORT,
+    which then need not even be set; the store is still scoped to the attempt and authenticated."""
+    agent = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, secret="s3cret")
+    try:
+        environ = {"RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_USE_AGENT_STORE": "True",
+                   "TORCHELASTIC_RESTART_COUNT": "1", "ASYNCDIST_STORE_ADDR": store_address("127.0.0.1", agent.port)}
+        for extra in ({}, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}):  # port 1: nothing listens there
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("ASYNCDIST_SECRET", "s3cret")  # the client reads the job's secret from here
+                plan = resolve("env://", timeout=10.0, environ={**environ, **extra})
+            try:
+                assert isinstance(plan.store, AttemptStore) and plan.host == "127.0.0.1"
+                plan.store.set("k", "v")
+                assert agent.get("/worker/attempt_1/k") == b"v"
+            finally:
+                plan.store.close()
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize(("text", "expected"), [("node0:29400", ("node0", 29400)), ("[::1]:7", ("::1", 7)),
+                                                ("10.0.0.1:65535", ("10.0.0.1", 65535))])
+def test_store_address_round_trips(text: str, expected: tuple[str, int]) -> None:
+    assert parse_store_address(text) == expected
+    assert store_address(*expected) == text
+
+
+@pytest.mark.parametrize("text", ["node0", "node0:", ":29400", "node0:http", "node0:0", "node0:70000"])
+def test_a_bad_store_address_names_the_variable(text: str) -> None:
+    with pytest.raises(RendezvousError, match="ASYNCDIST_STORE_ADDR must be host:port"):
+        resolve("env://", timeout=1.0, environ={"RANK": "0", "WORLD_SIZE": "1", "ASYNCDIST_STORE_ADDR": text})
 
 
 def test_init_process_group_under_srun(monkeypatch: pytest.MonkeyPatch) -> None:

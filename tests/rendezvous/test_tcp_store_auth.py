@@ -237,10 +237,13 @@ def test_the_launcher_serves_its_store_with_the_workers_secret() -> None:
     config = config_from_args(build_parser().parse_args(["--standalone", "--nproc-per-node", "1", "train.py"]))
     job = Job(config, environ={})
     try:
-        secret = job.worker_env(0, 0)["ASYNCDIST_SECRET"]
+        env = job.worker_env(0, 0)
+        secret = env["ASYNCDIST_SECRET"]
+        # asyncdist's store: at MASTER_PORT, or beside torch's there when torch is installed.
+        port = int(env.get("ASYNCDIST_STORE_ADDR", f":{job.port}").rpartition(":")[2])
         with pytest.raises(StoreError, match="refused"):
-            TCPStore("127.0.0.1", job.port, timeout=TIMEOUT, secret="")
-        worker = TCPStore("127.0.0.1", job.port, timeout=TIMEOUT, secret=secret)
+            TCPStore("127.0.0.1", port, timeout=TIMEOUT, secret="")
+        worker = TCPStore("127.0.0.1", port, timeout=TIMEOUT, secret=secret)
         worker.set("k", "v")
         worker.close()
     finally:
