@@ -263,11 +263,26 @@ def _from_torch(t: Any, *, writable: bool, name: str) -> HostBuffer:
 def _torch_problem(t: Any, torch: Any) -> str | None:
     """Why tensor ``t`` cannot be viewed as host bytes, or ``None`` if it can.
 
-    The one place that decides devices and layouts: CUDA staging (``cuda/``)
-    will hook in at the device check.
+    The one place that decides devices and layouts. CUDA tensors never get
+    here through a group's operations: :mod:`asyncdist.gpu` stages them
+    through pinned host memory first (or hands them to NCCL), and checks
+    their layout with :func:`torch_layout_problem`.
     """
+    if t.device.type == "cuda":
+        return (
+            f"is on device {t.device}; a group's operations take CUDA tensors directly "
+            "(asyncdist.gpu stages them), but this call needs host memory (move it with .cpu())"
+        )
     if t.device.type != "cpu":
-        return f"is on device {t.device}; only CPU tensors are supported (move it with .cpu())"
+        return f"is on device {t.device}; only CPU and CUDA tensors are supported (move it with .cpu())"
+    return torch_layout_problem(t, torch)
+
+
+def torch_layout_problem(t: Any, torch: Any) -> str | None:
+    """Why tensor ``t``'s memory does not hold its elements as a dense array, or None.
+
+    Device-independent: the host path and the CUDA staging share it.
+    """
     if t.is_nested:
         return "is a nested tensor; send its components one by one"
     if t.layout != torch.strided:

@@ -7,6 +7,13 @@ the call's sequence number as the tag (so calls never mix), the call's
 description in every header (so ranks in different calls are detected,
 not corrupted), and the call's deadline on every wait.
 
+A channel also keeps the receives and sends of its call that are still
+pending, so that it can say at any moment which peers the call waits on
+(:meth:`Channel.awaited`). That one answer words both the call's own
+timeout and the timeout of a ``Work.wait`` on the operation that made the
+call (a channel is a :class:`~asyncdist.progress.Step`, registered with the
+Work's :class:`~asyncdist.progress.Progress` when it opens).
+
 Also here: :func:`wait_until`, the one way an operation waits for a future
 with a deadline and withdraws what it posted when it gives up.
 """
@@ -21,6 +28,7 @@ from .buffers import HostBuffer
 from .engine import Engine
 from .errors import AsyncDistError, OperationTimeoutError
 from .matching import PostedRecv
+from .progress import Awaited, register, timeout_message
 from .wire import Header, Kind
 
 __all__ = ["Channel", "wait_until"]
@@ -36,8 +44,10 @@ async def wait_until(
 ) -> Any:
     """Await ``future`` until ``deadline`` (loop time).
 
-    On expiry the future fails with ``timeout_error()``; on expiry or
-    cancellation ``withdraw`` (e.g. un-posting a receive) runs first.
+    On expiry the future fails with ``timeout_error()``, made before
+    anything is withdrawn so that it can report what was still pending; on
+    expiry or cancellation ``withdraw`` (e.g. un-posting a receive) runs
+    before the future fails.
     """
     if future.done():
         return future.result()
@@ -45,9 +55,10 @@ async def wait_until(
 
     def expire() -> None:
         if not future.done():
+            error = timeout_error()
             if withdraw is not None:
                 withdraw()
-            future.set_exception(timeout_error())
+            future.set_exception(error)
 
     handle = loop.call_at(deadline, expire)
     try:
@@ -67,10 +78,12 @@ class Channel:
         rank, size: this process's group rank and the group size.
         seq: the call's sequence number in its group.
         op: the call's description ("all_reduce(sum, float32[1024])").
+        closed: True once :meth:`run` has returned or raised.
     """
 
     __slots__ = (
-        "_engine", "_ranks", "_members", "_ctx", "_timeout", "_group_name", "_on_close", "seq", "op", "deadline", "rank", "size",
+        "_engine", "_ranks", "_members", "_ctx", "_timeout", "_group_name", "_on_close", "_receiving", "_sending",
+        "seq", "op", "deadline", "rank", "size", "closed",
     )
 
     def __init__(
@@ -99,37 +112,66 @@ class Channel:
         self.deadline = asyncio.get_running_loop().time() + timeout
         self.rank = rank
         self.size = len(ranks)
+        self.closed = False
+        # What the call still waits on: a receive until its wait returns or it
+        # is withdrawn, a send until its last byte is in the kernel (by group rank).
+        self._receiving: dict[PostedRecv, int] = {}
+        self._sending: dict[asyncio.Future, int] = {}
+        register(self)  # with the Work this call runs for, if any
 
-    def _timeout_error(self, verb: str, peer: int) -> Callable[[], Exception]:
-        def make() -> Exception:
-            return OperationTimeoutError(
-                f"rank {self._engine.rank}: {self.op} (call #{self.seq} in group {self._group_name!r}) "
-                f"did not complete within {self._timeout:g} s; still {verb} rank {peer}"
-            )
+    @property
+    def where(self) -> str:
+        """The call as messages name it: "all_reduce(sum, float32[4]) (call #7 in group 'world')"."""
+        return f"{self.op} (call #{self.seq} in group {self._group_name!r})"
 
-        return make
+    def is_open(self) -> bool:
+        """False once :meth:`run` has finished (a :class:`~asyncdist.progress.Step`)."""
+        return not self.closed
+
+    def awaited(self) -> Awaited:
+        """The group ranks whose data this call still waits for, and those it
+        is still sending to (any thread: a snapshot, see :mod:`asyncdist.progress`)."""
+        receiving = {peer for recv, peer in list(self._receiving.items()) if not recv.future.done()}
+        sending = {peer for future, peer in list(self._sending.items()) if not future.done()}
+        return Awaited(tuple(sorted(receiving)), tuple(sorted(sending)), self._ranks)
+
+    def _timeout_error(self) -> Exception:
+        """The call's deadline passed: name it and every peer it still waits on."""
+        return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self._timeout, self.awaited()))
 
     def start_send(self, buf: HostBuffer, peer: int) -> asyncio.Future | None:
         """Start sending ``buf`` to group rank ``peer``; None if already sent."""
         engine = self._engine
         header = Header(Kind.DATA, self._ctx, engine.rank, self.seq, self.seq, buf.dtype, buf.shape, buf.nbytes, self.op)
-        return engine.send(self._ranks[peer], header, buf.view)
+        future = engine.send(self._ranks[peer], header, buf.view)
+        if future is not None:
+            self._sending[future] = peer
+        return future
 
     def start_recv(self, buf: HostBuffer, peer: int) -> PostedRecv:
         """Post a receive into ``buf`` from group rank ``peer``."""
-        return self._engine.post_recv(self._ctx, self._ranks[peer], self.seq, buf, self._members, op=self.op)
+        recv = self._engine.post_recv(self._ctx, self._ranks[peer], self.seq, buf, self._members, op=self.op)
+        self._receiving[recv] = peer
+        return recv
 
     async def wait_send(self, future: asyncio.Future | None, peer: int) -> None:
-        """Wait for a send started with :meth:`start_send`."""
+        """Wait for a send started with :meth:`start_send` (to group rank ``peer``;
+        the channel noted the peer when the send started, for timeout messages)."""
         if future is not None:
-            await wait_until(future, self.deadline, self._timeout_error("sending to", peer))
+            try:
+                await wait_until(future, self.deadline, self._timeout_error)
+            finally:
+                self._sending.pop(future, None)
 
     async def wait_recv(self, recv: PostedRecv, peer: int) -> Header:
-        """Wait for a receive started with :meth:`start_recv`."""
+        """Wait for a receive started with :meth:`start_recv` (from group rank
+        ``peer``; noted when it was posted). On the call's deadline it fails with
+        an OperationTimeoutError naming every peer the call still waits on."""
         engine = self._engine
-        return await wait_until(
-            recv.future, self.deadline, self._timeout_error("waiting for", peer), lambda: engine.cancel_recv(recv)
-        )
+        try:
+            return await wait_until(recv.future, self.deadline, self._timeout_error, lambda: engine.cancel_recv(recv))
+        finally:
+            self._receiving.pop(recv, None)
 
     async def run(self, algorithm: Awaitable[T], *, relay: bool = True) -> T:
         """Run the call's algorithm; if it fails or is cancelled here, fail the
@@ -143,10 +185,10 @@ class Channel:
             raise
         except asyncio.CancelledError:
             me = self._engine.rank
-            where = f"{self.op} (call #{self.seq} in group {self._group_name!r})"
-            self.fail(OperationTimeoutError(f"rank {me}: {where} was cancelled on rank {me}"), relay=relay)
+            self.fail(OperationTimeoutError(f"rank {me}: {self.where} was cancelled on rank {me}"), relay=relay)
             raise
         finally:
+            self.closed = True
             if self._on_close is not None:
                 self._on_close(self.seq)
 
@@ -163,6 +205,7 @@ class Channel:
     def withdraw(self, recv: PostedRecv) -> None:
         """Take back a receive that will not be waited for (the call failed)."""
         self._engine.cancel_recv(recv)
+        self._receiving.pop(recv, None)
 
     async def send(self, buf: HostBuffer, peer: int) -> None:
         """Send ``buf`` to group rank ``peer``."""

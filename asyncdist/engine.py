@@ -283,7 +283,9 @@ class Engine:
             self._call_aborted(header)
             return
         if header.kind == Kind.DONE:
-            self._connections[sink.rank].remote_done()
+            connection = self._connections.get(sink.rank)
+            if connection is not None:  # else: it came after the peer's BYE, in the same read
+                connection.remote_done()
             return
         if header.kind == Kind.REMOTE:
             self._read_remote(sink, header)

@@ -35,6 +35,7 @@ __all__ = [
     "HandshakeError",
     "CollectiveMismatchError",
     "ClosedError",
+    "DeviceError",
 ]
 
 
@@ -153,3 +154,13 @@ class CollectiveMismatchError(AsyncDistError):
 
 class ClosedError(AsyncDistError):
     """The process group, engine or store was closed before or during the call."""
+
+
+# -- the device --------------------------------------------------------------
+
+
+class DeviceError(AsyncDistError):
+    """The GPU library under an operation failed (CUDA, NCCL, torch.cuda, CuPy).
+
+    The library's own exception is the ``__cause__``.
+    """

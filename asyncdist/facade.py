@@ -15,12 +15,15 @@ which ``init_process_group`` may be called again.
 
 from __future__ import annotations
 
+import os
+
 from datetime import timedelta
 from typing import Any
 
+from .backends import parse_backend
 from .errors import AlreadyInitializedError, InvalidArgumentError, InvalidRankError, NotInitializedError
 from .process_group import ProcessGroup
-from .loop_thread import LoopThread
+from .loop_thread import LoopThread, call_at_exit
 from .rendezvous.store import Store
 from .work import Work
 from .world import init_world
@@ -39,10 +42,6 @@ __all__ = [
     "irecv",
 ]
 
-# Backend names a CPU script may pass; the part for CPU must be one of these.
-_CPU_BACKENDS = ("gloo", "asyncdist")
-
-
 class _Runtime:
     """The facade's state for this process: one object, not scattered globals."""
 
@@ -51,22 +50,30 @@ class _Runtime:
         self.world: ProcessGroup | None = None
         self.backend: str | None = None
         self.generation = 0  # how many times init_process_group succeeded
+        self.exit_hook_pid: int | None = None  # the process that registered _close_at_exit
 
 
 _runtime = _Runtime()
 
 
+def _close_at_exit() -> None:
+    """Destroy the default group of a script that ends without doing so
+    (torch's tutorial scripts do): peers then see an orderly goodbye, not a
+    crash that fails their collectives still in flight."""
+    if _runtime.world is not None:
+        destroy_process_group()
+
+
 def _check_backend(backend: Any) -> str:
-    if backend is None:
-        return "asyncdist"
-    name = str(backend).lower()
-    parts = dict(part.split(":", 1) if ":" in part else ("cpu", part) for part in name.split(","))
-    if parts.get("cpu") not in _CPU_BACKENDS:
-        raise InvalidArgumentError(
-            f"backend {backend!r} is not supported for CPU tensors; use None, 'gloo' or 'asyncdist' "
-            "(asyncdist runs the operations itself whatever CPU backend is named)"
-        )
-    return name
+    return parse_backend(backend).name
+
+
+def _use_backend(group: ProcessGroup, backend: Any, store: Store | None) -> None:
+    """Loop thread: send ``group``'s CUDA operands through NCCL if ``backend`` says so."""
+    if parse_backend(backend).cuda == "nccl":
+        from .gpu import use_nccl  # the NCCL module itself imports CuPy only when used
+
+        use_nccl(group, store)
 
 
 def init_process_group(
@@ -83,8 +90,10 @@ def init_process_group(
     """Initialize the default process group (blocks until every rank has joined).
 
     Args:
-        backend: ``None``, ``"gloo"`` or ``"asyncdist"`` (torch's CPU names are
-            accepted, and the work is done by asyncdist either way).
+        backend: ``None``, ``"gloo"`` or ``"asyncdist"`` (CPU tensors, and CUDA
+            tensors through pinned staging); ``"nccl"`` or a map such as
+            ``"cpu:gloo,cuda:nccl"`` (CUDA tensors through NCCL, which needs
+            CuPy). See :mod:`asyncdist.backends` and ``docs/gpu.md``.
         init_method: ``"env://"`` (default: ``MASTER_ADDR``, ``MASTER_PORT``,
             ``RANK``, ``WORLD_SIZE``), ``"tcp://host:port"`` or ``"file:///path"``.
             Mutually exclusive with ``store``.
@@ -122,10 +131,14 @@ def init_process_group(
             ),
             what="init_process_group()",
         )
+        portal.call(_use_backend, world, name, world.store, what="init_process_group()")
     except BaseException:
         portal.stop()
         raise
     _runtime.portal, _runtime.world, _runtime.backend = portal, world, name
+    if _runtime.exit_hook_pid != os.getpid():
+        _runtime.exit_hook_pid = os.getpid()
+        call_at_exit(_close_at_exit, priority=20)  # before the loop threads stop (10)
     _runtime.generation += 1
 
 

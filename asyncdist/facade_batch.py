@@ -2,9 +2,11 @@
 
 A batch is a list of sends and receives started together. In asyncdist
 every ``isend``/``irecv`` is already non-blocking and matched by (source,
-tag, order), so a batch is simply each op started in turn: the order of
-sends and receives in the list cannot deadlock, and operations between the
-same pair in the same direction match in list order, as torch documents.
+tag, order), so a batch is simply each op started in turn, all in one step
+of the loop: the order of sends and receives in the list cannot deadlock,
+operations between the same pair in the same direction match in list
+order, as torch documents, and on a group whose CUDA tensors go through
+NCCL the batch is one NCCL group call, as in torch.
 
 Thread affinity: any thread but asyncdist's loop thread.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import InvalidArgumentError
-from .facade import _group, _group_peer, irecv, isend
+from .facade import _group, _group_peer, _portal, irecv, isend
 from .facade_collectives import Group
 from .work import Work
 
@@ -98,10 +100,13 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         raise InvalidArgumentError("p2p_op_list must be a non-empty list of P2POp")
     if any(p.group != p2p_op_list[0].group for p in p2p_op_list):
         raise InvalidArgumentError("all ops of a batch_isend_irecv must use the same group")
-    works = []
-    for p in p2p_op_list:
-        peer_key = "group_dst" if p._start is isend else "group_src"
-        work = p._start(p.tensor, group=p.group, tag=p.tag, **{peer_key: p.group_peer})
-        if work is not None:
-            works.append(work)
-    return works
+    g = _group(p2p_op_list[0].group)
+    if g.rank < 0:
+        return []
+    starts = [(g.isend if p._start is isend else g.irecv, p.tensor, p.group_peer, p.tag) for p in p2p_op_list]
+
+    def start_all() -> list[Work]:
+        # One step of the loop: the NCCL path issues ops started together as one group call.
+        return [start(tensor, peer, tag) for start, tensor, peer, tag in starts]
+
+    return _portal().call(start_all, what="batch_isend_irecv()")

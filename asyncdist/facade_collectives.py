@@ -76,7 +76,8 @@ def _submit(
 
     def start() -> Work:
         # operation(g) runs on the loop thread: argument errors raise here, at once.
-        return Work(portal.loop.create_task(operation(g)), f"{what} on group {g.name!r}", list(outputs))
+        # Work.start records the calls it opens, for a timed-out wait's message.
+        return Work.start(lambda: operation(g), f"{what} on group {g.name!r}", list(outputs), rank=g.global_rank(g.rank))
 
     return portal.call(start, what=f"{what}()")
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from ._torch import torch_or_none
 from .errors import InvalidArgumentError, RendezvousError
-from .facade import NON_GROUP_MEMBER, _check_backend, _group, _portal, _runtime, _world, get_rank
+from .facade import NON_GROUP_MEMBER, _check_backend, _group, _portal, _runtime, _use_backend, _world, get_rank
 from .facade_collectives import Group
 from .process_group import ProcessGroup
 
@@ -80,7 +80,9 @@ def new_group(
         ranks: the members' global ranks (None: every rank).
         timeout: bound on each operation of the group (a ``timedelta`` or
             seconds); None: the world's timeout (torch uses its 30 min default).
-        backend: None, ``"gloo"`` or ``"asyncdist"``.
+        backend: as for ``init_process_group`` (None: the default group's);
+            ``"nccl"`` sends the group's CUDA tensors through its own NCCL
+            communicator.
         pg_options, device_id: accepted for torch compatibility; unused on CPU.
         use_local_synchronization: must be False (see Raises).
         group_desc: the group's name in error messages.
@@ -105,6 +107,8 @@ def new_group(
     world = _world()
     if backend is not None:
         _check_backend(backend)
+    else:  # torch: the default group's backend
+        backend = _runtime.backend
     if use_local_synchronization:
         raise InvalidArgumentError(
             "use_local_synchronization=True is not supported: every rank must call new_group, in the same order"
@@ -117,6 +121,9 @@ def new_group(
         sub = world.new_group(members, timeout=timeout, name=group_desc)
         if sub.rank < 0:
             world.subgroups.remove(sub)  # unreachable to the caller: nothing to keep
+        else:
+            sub.store = world.store
+            _use_backend(sub, backend, world.store)
         return sub
 
     sub = _portal().call(create, what="new_group()")

@@ -20,12 +20,15 @@ from typing import Any, Callable, Sequence
 from .buffers import as_host_buffer
 from .channel import Channel, wait_until
 from .engine import Engine
+from .gpu.device import any_device
 from .errors import CollectiveMismatchError, InvalidArgumentError, InvalidRankError, OperationTimeoutError
 from .group_collectives import CollectiveMethods
+from .group_device import DeviceMethods
 from .group_monitor import MonitorMethods
 from .group_objects import ObjectMethods
 from .group_subgroups import SubgroupMethods
 from .matching import PostedRecv
+from .progress import Message, Progress, timeout_message
 from .wire import Header, Kind
 from .work import Work, completed_future
 
@@ -34,7 +37,7 @@ __all__ = ["ProcessGroup"]
 _INT64 = 1 << 63
 
 
-class ProcessGroup(CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMethods):
+class ProcessGroup(DeviceMethods, CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMethods):
     """A set of ranks that communicate; the world or a subgroup.
 
     Args:
@@ -120,13 +123,14 @@ class ProcessGroup(CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMet
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to group rank ``dst``; the Work completes when
         the buffer may be reused."""
+        if any_device((tensor,)):
+            return self._device_isend(tensor, dst, tag)
         future, what = self._start_send(tensor, dst, tag)
-        loop = asyncio.get_running_loop()
         if future is None:
-            future = completed_future(loop)
-        else:
-            self._arm_timeout(future, what)
-        return Work(future, what, [tensor])
+            future = completed_future(asyncio.get_running_loop())
+        message = self._message(what, future, (dst,), sending=True)
+        self._arm_timeout(future, message)
+        return self._work(future, message, [tensor])
 
     async def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to group rank ``dst``; returns when the buffer may be reused.
@@ -137,23 +141,29 @@ class ProcessGroup(CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMet
             PeerLostError: ``dst`` is gone.
             OperationTimeoutError: not sent within the group's timeout.
         """
+        if any_device((tensor,)):
+            return await self._device_isend(tensor, dst, tag)
         future, what = self._start_send(tensor, dst, tag)
         if future is not None:
-            await self._wait(future, what)
+            await self._wait(future, self._message(what, future, (dst,), sending=True))
 
     def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[asyncio.Future | None, str]:
         peer = self._peer(dst, "dst")
         self._check_tag(tag)
         buf = as_host_buffer(tensor)
         header = Header(Kind.DATA, self._p2p_ctx, self._engine.rank, tag, 0, buf.dtype, buf.shape, buf.nbytes)
-        return self._engine.send(peer, header, buf.view), f"send to rank {dst} (tag {tag}, group {self.name!r})"
+        future = self._send_in_order(dst, lambda: self._engine.send(peer, header, buf.view))
+        return future, f"send to rank {dst} (tag {tag}, group {self.name!r})"
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; the Work's value is the sender's group rank."""
+        if any_device((tensor,)):
+            return self._device_irecv(tensor, src, tag)
         recv, what = self._start_recv(tensor, src, tag)
         future = self._chain(recv.future, lambda header: self._group_rank_of[header.src])
-        self._arm_timeout(future, what, lambda: self._engine.cancel_recv(recv))
-        return Work(future, what, [tensor])
+        message = self._message(what, future, self._sources(src), sending=False)
+        self._arm_timeout(future, message, lambda: self._engine.cancel_recv(recv))
+        return self._work(future, message, [tensor])
 
     async def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from group rank ``src`` (any rank if None).
@@ -166,8 +176,11 @@ class ProcessGroup(CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMet
                 from ``tensor``'s (the message is consumed).
             PeerLostError, OperationTimeoutError: as for :meth:`send`.
         """
+        if any_device((tensor,)):
+            return await self._device_irecv(tensor, src, tag)
         recv, what = self._start_recv(tensor, src, tag)
-        header = await self._wait(recv.future, what, lambda: self._engine.cancel_recv(recv))
+        message = self._message(what, recv.future, self._sources(src), sending=False)
+        header = await self._wait(recv.future, message, lambda: self._engine.cancel_recv(recv))
         return self._group_rank_of[header.src]
 
     def _start_recv(self, tensor: Any, src: int | None, tag: int) -> tuple[PostedRecv, str]:
@@ -179,6 +192,17 @@ class ProcessGroup(CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMet
         recv = self._engine.post_recv(self._p2p_ctx, peer, tag, buf, self._others)
         who = "any rank" if src is None else f"rank {src}"
         return recv, f"recv from {who} (tag {tag}, group {self.name!r})"
+
+    def _sources(self, src: int | None) -> tuple[int, ...]:
+        """The group ranks a receive from ``src`` waits on (every other member for any rank)."""
+        return (src,) if src is not None else tuple(r for r in range(self.size) if r != self.rank)
+
+    def _message(self, what: str, future: asyncio.Future, peers: Sequence[int], *, sending: bool) -> Message:
+        return Message(what, future, peers, sending=sending, members=self.ranks)
+
+    def _work(self, future: asyncio.Future, message: Message, outputs: list) -> Work:
+        """A point-to-point Work, whose timed-out wait names its peer as a collective's does."""
+        return Work(future, message.where, outputs, Progress(self._engine.rank, message.where, [message]))
 
     # -- collectives (the methods are in group_collectives) ------------------------
 
@@ -193,10 +217,9 @@ class ProcessGroup(CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMet
         # took, means the ranks disagreed about that call. Calls still open
         # here (numbered, not finished) may legitimately have early messages.
         stale = self._engine.take_stale(self._coll_ctx, min(self._open_calls, default=self._seq + 1))
-        self._seq += 1
-        self._open_calls.add(self._seq)
+        seq = self._next_call()  # the next number, or one reserved for a staged device call
         channel = Channel(
-            self._engine, self.ranks, self.rank, ctx=self._coll_ctx, seq=self._seq, op=op,
+            self._engine, self.ranks, self.rank, ctx=self._coll_ctx, seq=seq, op=op,
             timeout=self.timeout, group_name=self.name, on_close=self._open_calls.discard,
         )
         if stale is not None:
@@ -205,31 +228,37 @@ class ProcessGroup(CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMet
                 f"group {self.name!r}) that no call of this rank expected; the ranks disagreed about that call"
             )
             channel.fail(error)  # the other members of this call learn of it now
-            self._open_calls.discard(self._seq)
+            self._open_calls.discard(seq)
             raise error
         return channel
 
     # -- timeouts ------------------------------------------------------------------
 
-    def _timeout_error(self, what: str):
+    def _timeout_error(self, message: Message) -> Callable[[], Exception]:
+        """The group's deadline passed for ``message``: name it and its peer(s)."""
+        timeout = self.timeout  # as when the operation started
+
         def make() -> Exception:
-            return OperationTimeoutError(f"rank {self._engine.rank}: {what} did not complete within {self.timeout:g} s")
+            return OperationTimeoutError(timeout_message(self._engine.rank, message.where, timeout, message.awaited()))
 
         return make
 
-    async def _wait(self, future: asyncio.Future, what: str, withdraw: Callable[[], Any] | None = None) -> Any:
+    async def _wait(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> Any:
         deadline = asyncio.get_running_loop().time() + self.timeout
-        return await wait_until(future, deadline, self._timeout_error(what), withdraw)
+        return await wait_until(future, deadline, self._timeout_error(message), withdraw)
 
-    def _arm_timeout(self, future: asyncio.Future, what: str, withdraw: Callable[[], Any] | None = None) -> None:
+    def _arm_timeout(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> None:
         """Fail ``future`` (a Work's) if it is not done within the group's timeout."""
-        make_error = self._timeout_error(what)
+        if future.done():
+            return
+        make_error = self._timeout_error(message)
 
         def expire() -> None:
             if not future.done():
+                error = make_error()  # before withdrawing: it reports what was pending
                 if withdraw is not None:
                     withdraw()
-                future.set_exception(make_error())
+                future.set_exception(error)
 
         handle = asyncio.get_running_loop().call_later(self.timeout, expire)
         future.add_done_callback(lambda _: handle.cancel())

@@ -6,6 +6,13 @@ thread, as torch.distributed's ``Work.wait()``. The future always lives on
 the engine's loop: ``wait`` never touches it, it waits on a
 ``threading.Event`` that the future's done-callback sets, so a Work can be
 shared between the loop thread and user threads without locks.
+
+A Work also holds the :class:`~asyncdist.progress.Progress` of its
+operation, so that a ``wait`` that gives up can say where the operation is
+stuck: the collective call and its number, the group, and the peers it
+still waits on (the same words as the group's own timeout). A timed-out
+``wait`` does not abort the operation, as torch's ``Work::wait(timeout)``
+does not: the operation keeps its own deadline, the group's timeout.
 """
 
 from __future__ import annotations
@@ -14,10 +21,12 @@ import asyncio
 import concurrent.futures
 import threading
 from datetime import timedelta
-from typing import Any, Generator
+from typing import Any, Callable, Coroutine, Generator
 
 from ._torch import torch_or_none
 from .errors import OperationTimeoutError, WrongThreadError
+from .gpu.callers import after_wait
+from .progress import WAIT_TIMEOUT, Progress, context_for
 
 __all__ = ["Work", "completed_future"]
 
@@ -42,21 +51,62 @@ class Work:
         op: what the operation is, for error messages ("send to rank 1").
         outputs: the tensors the operation writes or reads, returned by
             :meth:`result` as torch's ``Work.result()`` does.
+        progress: what the operation has under way, for the message of a
+            timed-out :meth:`wait` (None: that message names only ``op``).
     """
 
-    __slots__ = ("_future", "_loop", "_op", "_outputs", "_event")
+    __slots__ = ("_future", "_loop", "_op", "_outputs", "_event", "_progress")
 
-    def __init__(self, future: asyncio.Future, op: str, outputs: list | None = None) -> None:
+    def __init__(
+        self, future: asyncio.Future, op: str, outputs: list | None = None, progress: Progress | None = None
+    ) -> None:
         self._future = future
         self._loop = future.get_loop()
         self._op = op
         self._outputs = outputs if outputs is not None else []
         self._event: threading.Event | None = None
+        self._progress = progress
         future.add_done_callback(self._on_done)
+
+    @classmethod
+    def start(
+        cls,
+        operation: Callable[[], Coroutine[Any, Any, Any]],
+        op: str,
+        outputs: list | None = None,
+        *,
+        rank: int,
+    ) -> Work:
+        """Run ``operation()`` as a task of the running loop and return its Work.
+
+        Loop thread only. ``operation`` is called here, so an argument error
+        it raises before its coroutine exists raises here, at once. The
+        coroutine (and any task it starts) runs in a context that records
+        each collective call it opens in the Work's
+        :class:`~asyncdist.progress.Progress`, which is how a timed-out
+        :meth:`wait` names the call and the peers it waits on.
+
+        Args:
+            operation: makes the coroutine, e.g. ``lambda: group.all_reduce(t)``.
+            op: the operation for messages ("all_reduce on group 'world'").
+            outputs: as for :class:`Work`.
+            rank: this process's global rank, for messages.
+
+        Example::
+
+            work = Work.start(lambda: group.all_reduce(x), "all_reduce", [x], rank=group.ranks[group.rank])
+            await asyncio.to_thread(work.wait, 5.0)   # blocking waits belong to other threads
+        """
+        progress = Progress(rank, op)
+        context = context_for(progress)
+        coroutine = context.run(operation)
+        task = asyncio.get_running_loop().create_task(coroutine, context=context)
+        return cls(task, op, outputs, progress)
 
     def _on_done(self, future: asyncio.Future) -> None:
         if not future.cancelled():
             future.exception()  # the error is kept for wait()/exception(); don't log it as lost
+        self._progress = None  # what it was waiting on no longer matters; let the steps go
         event = self._event
         if event is not None:
             event.set()
@@ -80,8 +130,10 @@ class Work:
                 timeout") waits as long as the operation's own timeout allows.
 
         Raises:
-            OperationTimeoutError: not completed within ``timeout``; the
-                operation itself goes on and ``wait`` may be called again.
+            OperationTimeoutError: not completed within ``timeout``. The
+                message names the call, its number, the group and the peers
+                the operation still waits on. The operation itself goes on
+                (as with torch) and ``wait`` may be called again.
             WrongThreadError: called on the event loop's thread.
             Exception: the operation's own error (PeerLostError, …).
         """
@@ -98,13 +150,23 @@ class Work:
             # The done-callback may have run before the event existed; it runs
             # only after the future is done, so check again.
             if not future.done() and not event.wait(seconds):
-                raise OperationTimeoutError(f"{self._op} did not complete within {seconds:g} s (Work.wait timeout)")
+                assert seconds is not None  # event.wait(None) returns only once set
+                progress = self._progress  # read before done(): it is cleared only once done
+                if not future.done():  # else it finished just now: report that instead
+                    raise self._wait_timeout(progress, seconds)
         if future.cancelled():
             raise OperationTimeoutError(f"{self._op} was cancelled")
         error = future.exception()
         if error is not None:
             raise error
+        after_wait(future)  # device results: the current stream waits for them (torch's rule)
         return True
+
+    def _wait_timeout(self, progress: Progress | None, seconds: float) -> OperationTimeoutError:
+        """The error of a wait that gave up: where the operation is stuck, if known."""
+        if progress is not None:
+            return progress.timeout_error(seconds)
+        return OperationTimeoutError(f"{self._op} did not complete within {seconds:g} s{WAIT_TIMEOUT}")
 
     def _waiter_event(self) -> threading.Event:
         """The one event every waiting thread shares (created on first use)."""

@@ -86,6 +86,7 @@ async def init_world(
             plan.store.close()
         raise
     world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds)
+    world.store = PrefixStore(store_prefix, plan.store)  # where NCCL unique ids travel
     if plan.owns_store:
         world.on_close(lambda: loop.run_in_executor(STORE_EXECUTOR, plan.store.close))
     world.on_close(engine.close)

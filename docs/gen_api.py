@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import asyncdist  # noqa: E402
-from asyncdist import errors, ops, testing  # noqa: E402
+from asyncdist import errors, gpu, ops, testing  # noqa: E402
+from asyncdist.testing import fake_device  # noqa: E402
 from asyncdist.process_group import ProcessGroup  # noqa: E402
 from asyncdist.rendezvous.store import Store  # noqa: E402
 from asyncdist.work import Work  # noqa: E402
@@ -468,6 +469,20 @@ SECTIONS: list[Section] = [
         ],
     ),
     (
+        "asyncdist.gpu",
+        "CUDA tensors and CuPy arrays ([gpu.md](gpu.md)). Every operation of the "
+        "facade and of `ProcessGroup` takes them directly; this package is for "
+        "choosing NCCL in the await API, plugging in another array library, and "
+        "inspecting the pinned pool.",
+        [
+            fn("asyncdist.gpu.use_nccl", gpu.use_nccl),
+            cls("asyncdist.gpu.DeviceAdapter", gpu.DeviceAdapter, constructor=False),
+            fn("asyncdist.gpu.register_adapter", gpu.register_adapter),
+            fn("asyncdist.gpu.pool_for", gpu.pool_for),
+            cls("asyncdist.gpu.PinnedPool", gpu.PinnedPool, ["acquire", "release", "cached_bytes"]),
+        ],
+    ),
+    (
         "asyncdist.testing",
         "Helpers for testing distributed code. The pytest plugin that asyncdist "
         "installs (the `world_size` marker, the `local_ranks` and `spawn_ranks` "
@@ -476,6 +491,9 @@ SECTIONS: list[Section] = [
             fn("asyncdist.testing.local_world", testing.local_world),
             fn("asyncdist.testing.spawn", testing.spawn),
             cls("asyncdist.testing.RemoteTraceback", testing.RemoteTraceback, constructor=False),
+            cls("asyncdist.testing.fake_device.FakeDevice", fake_device.FakeDevice,
+                ["stream", "new_stream", "empty", "array", "launch", "fill", "hold", "run_stream", "probe", "read"]),
+            fn("asyncdist.testing.fake_device.install", fake_device.install),
         ],
     ),
 ]

@@ -33,7 +33,7 @@ callbacks of the Works' futures run on other threads (see :mod:`.work`).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Callable, Coroutine, Sequence
 
 import torch.distributed as tdist
 
@@ -48,7 +48,7 @@ __all__ = ["AsyncdistProcessGroup", "BACKEND_NAME"]
 #: The name under which the backend is registered with torch.
 BACKEND_NAME = "asyncdist"
 
-Operation = Callable[[ProcessGroup], "Awaitable[Any] | Work"]
+Operation = Callable[[ProcessGroup], Coroutine[Any, Any, Any]]
 
 
 def _one(tensors: Sequence[Any], what: str) -> Any:
@@ -63,7 +63,7 @@ def _splits(sizes: Sequence[int]) -> list[int] | None:
     return list(sizes) if len(sizes) else None
 
 
-def _together(calls: list[Coroutine[Any, Any, None]]) -> Awaitable[None]:
+def _together(calls: list[Coroutine[Any, Any, None]]) -> Coroutine[Any, Any, None]:
     """Start ``calls`` now, in order (loop thread), and wait for all; the first error wins.
 
     Their first steps are queued before anything started later, so each takes
@@ -128,16 +128,24 @@ class AsyncdistProcessGroup(tdist.ProcessGroup):
     # -- starting an operation ------------------------------------------------
 
     def _start(self, what: str, operation: Operation, outputs: list) -> TorchWork:
-        """Start ``operation(group)`` on the loop thread; return its Work at once."""
+        """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once.
+
+        Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
+        call and the peers it waits on (also in the tasks ``_together`` starts).
+        """
         group = self._group
 
         def start() -> TorchWork:
-            op = operation(group)
-            work = op if isinstance(op, Work) else Work(
-                asyncio.ensure_future(op), f"{what} on group {group.name!r}", outputs)
+            label = f"{what} on group {group.name!r}"
+            work = Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
             return TorchWork(work, outputs)
 
         return self._portal.call(start, what=f"{what}()")
+
+    def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list) -> TorchWork:
+        """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
+        group = self._group
+        return self._portal.call(lambda: TorchWork(operation(group), outputs), what=f"{what}()")
 
     # -- collectives ------------------------------------------------------------
 
@@ -163,7 +171,7 @@ class AsyncdistProcessGroup(tdist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list, input_list: list, opts: Any = None) -> TorchWork:
         # output_lists[r][i] receives rank r's input_list[i].
-        def operation(g: ProcessGroup) -> Awaitable[None]:
+        def operation(g: ProcessGroup) -> Coroutine[Any, Any, None]:
             return _together([g.all_gather([per_rank[i] for per_rank in output_lists], tensor)
                               for i, tensor in enumerate(input_list)])
 
@@ -228,15 +236,15 @@ class AsyncdistProcessGroup(tdist.ProcessGroup):
 
     def send(self, tensors: list, dst: int, tag: int) -> TorchWork:
         tensor = _one(tensors, "send")
-        return self._start("send", lambda g: g.isend(tensor, dst, tag), [tensor])
+        return self._start_p2p("send", lambda g: g.isend(tensor, dst, tag), [tensor])
 
     def recv(self, tensors: list, src: int, tag: int) -> TorchWork:
         tensor = _one(tensors, "recv")
-        return self._start("recv", lambda g: g.irecv(tensor, src, tag), [tensor])
+        return self._start_p2p("recv", lambda g: g.irecv(tensor, src, tag), [tensor])
 
     def recv_anysource(self, tensors: list, tag: int) -> TorchWork:
         tensor = _one(tensors, "recv")
-        return self._start("recv", lambda g: g.irecv(tensor, None, tag), [tensor])
+        return self._start_p2p("recv", lambda g: g.irecv(tensor, None, tag), [tensor])
 
     # -- lifetime -----------------------------------------------------------------
 

@@ -91,6 +91,21 @@ async def test_closing_waits_until_the_peer_has_read_the_payload(remote_sends: l
     assert remote_sends == [BIG * 8]
 
 
+async def test_a_payload_that_cannot_be_read_loses_the_peer_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a sender that exits between its REMOTE header and the read looks like.
+    def vanished(self: cma.PeerMemory, dest: memoryview, addr: int) -> None:
+        raise OSError(3, "No such process")
+
+    async with local_world(2) as ranks:
+        monkeypatch.setattr(cma.PeerMemory, "read_into", vanished)
+        sending = ranks[0].isend(np.ones(BIG, np.float32), 1)
+        with pytest.raises(PeerLostError, match="cannot read rank 0's payload from its memory") as info:
+            await ranks[1].recv(np.empty(BIG, np.float32), 0)
+        assert info.value.rank == 0
+        with pytest.raises(PeerLostError, match="rank 1"):
+            await sending
+
+
 # -- the connection's side of the protocol, against a raw socket --------------
 
 

@@ -109,7 +109,10 @@ def test_a_stopped_rank_is_found_by_the_heartbeat(rank_job) -> None:
           f"rank 1 {took * 1000:.0f} ms, rank 0 (relayed) {relayed * 1000:.0f} ms")
 
 
-async def test_a_stream_cut_mid_payload_fails_the_receive_reading_it() -> None:
+async def test_a_stream_cut_mid_payload_fails_the_receive_reading_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The payload must travel on the stream (by memory it is read at once;
+    # tests/engine/test_same_host.py covers that path's failures).
+    monkeypatch.setenv("ASYNCDIST_CMA", "0")
     data = np.ones(4 << 20)  # 32 MiB: more than the kernel buffers
     async with local_world(2) as (a, b):
         receiving = b.irecv(np.empty_like(data), 0)

@@ -52,7 +52,10 @@ def test_a_mismatch_and_a_timeout_surface_in_work_wait(tmp_path: Path) -> None:
         assert "float64[2]" in got["async"] and "float32[2]" in got["async"], got["async"]
         assert got["later"] is True
     message, waited = ranks[0]["timeout"]
-    assert "all_reduce" in message and "0.2 s" in message and waited < 1.0
+    # The call (#4 after init's barrier and the two above), the group, and the rank still awaited.
+    assert message.startswith("rank 0: all_reduce(sum, float32[3]) (call #4 in group 'torch:"), message
+    assert message.endswith("did not complete within 0.2 s (Work.wait timeout); still waiting for rank 1"), message
+    assert waited < 1.0
 
 
 def lose_a_peer(path: Path) -> dict:
