@@ -244,3 +244,24 @@ def test_every_collective_matches_numpy(tmp_path: Path, size: int) -> None:
         assert got["subgroup_sum"] == sum(members) and got["subgroup_bcast"] == rank % 2
         assert (got["subgroup_first"], got["subgroup_backend"], got["subgroup_size"]) == (rank % 2, "asyncdist",
                                                                                           len(members))
+
+
+def _mixed_backend_string(path: Path) -> tuple[str, list[float]]:
+    """torch's per-device backend string with asyncdist for the CPU."""
+    import asyncdist.torch_backend  # noqa: F401
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("cpu:asyncdist", init_method=f"file://{path}", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=60))
+    tensor = torch.arange(3, dtype=torch.float32) + 10 * rank
+    dist.all_reduce(tensor)
+    backend = str(dist.get_backend())
+    dist.destroy_process_group()
+    return backend, tensor.tolist()
+
+
+def test_cpu_asyncdist_in_a_backend_string(tmp_path: Path) -> None:
+    results = spawn(2, _mixed_backend_string, tmp_path / "store", timeout=90)
+    expected = (np.arange(3) * 2 + 10.0).tolist()
+    assert [values for _, values in results] == [expected, expected]
+    assert all("asyncdist" in backend for backend, _ in results), results
