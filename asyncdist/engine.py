@@ -36,19 +36,17 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from .abort import abort_header, error_from_abort
-from .buffers import HostBuffer, check_fits
+from .buffers import HostBuffer
 from .errors import (
     AsyncDistError,
-    BufferMismatchError,
     ClosedError,
-    CollectiveMismatchError,
     PeerLostError,
     ProtocolError,
     RendezvousError,
 )
 from .handshake import Identity, PeerAccess
 from .losses import Losses
-from .matching import Inbound, Matcher, PostedRecv
+from .matching import Inbound, Matcher, PostedRecv, misfit
 from .scratch import pool
 from .transport import cma
 from .transport.heartbeat import Heartbeat, HeartbeatConfig
@@ -313,7 +311,7 @@ class Engine:
             raise ProtocolError(f"rank {sink.rank} sent a frame of kind {header.kind} with a payload")
         recv = self._matcher.take_posted(header)
         if recv is not None:
-            error = self._misfit(header, recv)
+            error = misfit(header, recv, self.rank)
             if error is None:
                 return recv
             recv.future.set_exception(error)  # the payload is read and dropped
@@ -330,7 +328,7 @@ class Engine:
         future = recv.future
         if future.done():
             return
-        error = inbound.failure or self._misfit(inbound.header, recv)
+        error = inbound.failure or misfit(inbound.header, recv, self.rank)
         if error is not None:
             future.set_exception(error)
         elif not inbound.complete:
@@ -339,24 +337,6 @@ class Engine:
             recv.buf.view[:] = memoryview(inbound.data)
             pool.give_back(inbound.data)
             future.set_result(inbound.header)
-
-    def _misfit(self, header: Header, recv: PostedRecv) -> AsyncDistError | None:
-        if recv.op is not None and header.op != recv.op:
-            return CollectiveMismatchError(
-                f"ranks disagree in collective call #{header.seq}: rank {self.rank} called {recv.op}, "
-                f"rank {header.src} called {header.op}"
-            )
-        try:
-            check_fits(
-                sent_dtype=header.dtype,
-                sent_shape=header.shape,
-                buf=recv.buf,
-                sender=f"rank {header.src}",
-                receiver=f"rank {self.rank}",
-            )
-        except BufferMismatchError as error:
-            return error
-        return None
 
     # -- failures --------------------------------------------------------------
 

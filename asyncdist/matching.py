@@ -22,10 +22,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .buffers import HostBuffer
+from .buffers import HostBuffer, check_fits
+from .errors import AsyncDistError, BufferMismatchError, CollectiveMismatchError
 from .wire import Header
 
-__all__ = ["PostedRecv", "Inbound", "Matcher"]
+__all__ = ["PostedRecv", "Inbound", "Matcher", "misfit"]
 
 
 @dataclass(slots=True, eq=False)
@@ -223,3 +224,25 @@ class Matcher:
         """(posted receives, unexpected messages), for leak checks and debugging."""
         posted = sum(len(q) for q in self._posted.values()) + sum(len(q) for q in self._posted_any.values())
         return posted, sum(len(q) for q in self._unexpected.values())
+
+
+def misfit(header: Header, recv: PostedRecv, receiver: int) -> AsyncDistError | None:
+    """Why the message ``header`` may not land in ``recv`` on rank ``receiver``,
+    or None if it fits: a receive posted by a collective call takes only
+    messages of the same call, and the sent dtype and shape must fit its buffer."""
+    if recv.op is not None and header.op != recv.op:
+        return CollectiveMismatchError(
+            f"ranks disagree in collective call #{header.seq}: rank {receiver} called {recv.op}, "
+            f"rank {header.src} called {header.op}"
+        )
+    try:
+        check_fits(
+            sent_dtype=header.dtype,
+            sent_shape=header.shape,
+            buf=recv.buf,
+            sender=f"rank {header.src}",
+            receiver=f"rank {receiver}",
+        )
+    except BufferMismatchError as error:
+        return error
+    return None
