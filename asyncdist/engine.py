@@ -10,10 +10,8 @@ or collectives. It owns:
 * the :class:`~asyncdist.matching.Matcher`: a payload whose header matches a
   posted receive is read straight into that receive's buffer; otherwise it
   lands in an engine-owned buffer and is copied once when its receive comes;
-* the choice of path for a payload: inline on the stream, or, for a large
-  one to a peer on the same host that can read this process's memory, by
-  address (:mod:`~asyncdist.transport.cma`): the peer copies it out in one
-  system call and the send completes on its DONE;
+* routing the payloads a same-host peer sends by address (the connection
+  chooses the path and copies them, :mod:`~asyncdist.transport.cma`);
 * failure propagation: when a peer's stream ends, every receive that depends
   on that peer fails with :class:`PeerLostError`, now and later, and every
   send to it fails too. Peers that are not involved are unaffected. A peer
@@ -27,7 +25,6 @@ the operation and return a future; nothing here blocks.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import socket
 from collections import OrderedDict
@@ -48,7 +45,6 @@ from .handshake import Identity, PeerAccess
 from .losses import Losses
 from .matching import Inbound, Matcher, PostedRecv, misfit
 from .scratch import pool
-from .transport import cma
 from .transport.heartbeat import Heartbeat, HeartbeatConfig
 from .transport.mesh import Mesh
 from .transport.stream import Connection
@@ -115,8 +111,6 @@ class Engine:
         self._all_connected: asyncio.Future | None = None
         self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
         self._next_context = 0
-        self._by_memory_from = cma.min_bytes()
-        self._done_frame = encode_header(Header(Kind.DONE, 0, me.rank, 0, 0, "uint8", (), 0))
         self.closed = False
         self.address: tuple[str, int] | None = None
 
@@ -162,6 +156,7 @@ class Engine:
             lambda error: self._peer_lost(peer, error),
             peer_memory=access.peer_memory,
             peer_reads_me=access.peer_reads_me,
+            me=self.rank,
         )
         if len(self._connections) == self.world_size - 1 and not self._all_connected.done():
             self._all_connected.set_result(None)
@@ -190,10 +185,7 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
-        if payload is not None and payload.nbytes >= self._by_memory_from and connection.peer_reads_me:
-            remote = dataclasses.replace(header, kind=Kind.REMOTE, addr=cma.address_of(payload))
-            return connection.send_remote(encode_header(remote), payload)
-        return connection.send_frame(encode_header(header), payload)
+        return connection.send_message(header, payload)
 
     def post_recv(
         self,
@@ -285,8 +277,8 @@ class Engine:
             if connection is not None:  # else: it came after the peer's BYE, in the same read
                 connection.remote_done()
             return
-        if header.kind == Kind.REMOTE:
-            self._read_remote(sink, header)
+        if header.kind == Kind.REMOTE:  # copied out of the sender's memory into where it is routed
+            self._connections[sink.rank].take_remote(self._start_payload(sink, header), header.addr)
         target = sink.current if header.nbytes or header.kind == Kind.REMOTE else self._route(sink, header)
         sink.current = None
         if isinstance(target, PostedRecv):
@@ -296,13 +288,6 @@ class Engine:
         target.complete = True
         if target.waiter is not None:
             self._deliver_unexpected(target, target.waiter)
-
-    def _read_remote(self, sink: _PeerSink, header: Header) -> None:
-        """Copy a REMOTE payload out of the sender's memory into where it is
-        routed (sets ``sink.current``), and tell the sender it may reuse it."""
-        connection = self._connections[sink.rank]
-        connection.read_remote(self._start_payload(sink, header), header.addr)
-        connection.send_frame(self._done_frame, None)
 
     def _route(self, sink: _PeerSink, header: Header) -> PostedRecv | Inbound:
         if header.src != sink.rank:

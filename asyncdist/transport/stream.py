@@ -15,7 +15,7 @@ byte is in the kernel, which is the moment torch's ``send`` may return.
 
 A peer on the same host that can read this process's memory (found in the
 handshake, :mod:`.cma`) is sent large payloads by address instead
-(:meth:`Connection.send_remote`): it copies them out itself and answers with
+(:meth:`Connection.send_message`): it copies them out itself and answers with
 a DONE frame, which completes the send. DONE frames come back in the order
 the payloads were sent, because the peer reads each one as its header
 arrives; so a queue, not an id, pairs them with their sends.
@@ -34,14 +34,15 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 from collections import deque
 from typing import Callable
 
 from ..errors import PeerLostError, ProtocolError
-from ..wire import FrameDecoder
-from .cma import PeerMemory
+from ..wire import FrameDecoder, Header, Kind, encode_header
+from . import cma
 
 __all__ = ["Connection"]
 
@@ -75,7 +76,8 @@ class Connection:
         peer_memory: how to read the peer's memory (REMOTE payloads it sends
             us), None if this process cannot.
         peer_reads_me: whether the peer can read this process's memory, so
-            that :meth:`send_remote` may be used.
+            that :meth:`send_message` may send by address.
+        me: this process's rank (the source of the DONE frames it sends).
 
     Attributes:
         last_received, last_sent: loop time of the last bytes read from the
@@ -89,8 +91,9 @@ class Connection:
         peer: int,
         decoder: FrameDecoder,
         on_lost: Callable[[PeerLostError], None],
-        peer_memory: PeerMemory | None = None,
+        peer_memory: cma.PeerMemory | None = None,
         peer_reads_me: bool = False,
+        me: int = 0,
     ) -> None:
         sock.setblocking(False)
         self._loop = loop
@@ -104,6 +107,8 @@ class Connection:
         self._awaiting_done: deque[tuple[asyncio.Future, memoryview]] = deque()
         self.peer_memory = peer_memory
         self.peer_reads_me = peer_reads_me
+        self._by_memory_from = cma.min_bytes()
+        self._done_frame = encode_header(Header(Kind.DONE, 0, me, 0, 0, "uint8", (), 0))
         self.closed = False
         self.last_received = self.last_sent = loop.time()
         loop.add_reader(self._fd, self._on_readable)
@@ -138,6 +143,19 @@ class Connection:
             self._writer_armed = True
         return future
 
+    def send_message(self, header: Header, payload: memoryview | None) -> asyncio.Future | None:
+        """Send one message: a large payload by address if the peer can read
+        this process's memory, else inline. The result is as for
+        :meth:`send_frame`: the future resolves when ``payload`` may be reused.
+
+        Raises:
+            PeerLostError: the connection is already closed.
+        """
+        if payload is not None and payload.nbytes >= self._by_memory_from and self.peer_reads_me:
+            remote = dataclasses.replace(header, kind=Kind.REMOTE, addr=cma.address_of(payload))
+            return self.send_remote(encode_header(remote), payload)
+        return self.send_frame(encode_header(header), payload)
+
     def send_remote(self, header: bytes, payload: memoryview) -> asyncio.Future:
         """Send a ``Kind.REMOTE`` header whose payload the peer reads from our
         memory; the future resolves when the peer says it has (DONE).
@@ -162,8 +180,9 @@ class Connection:
         if not future.done():
             future.set_result(None)
 
-    def read_remote(self, dest: memoryview, addr: int) -> None:
-        """Copy a REMOTE payload from the peer's memory at ``addr`` into ``dest``.
+    def take_remote(self, dest: memoryview, addr: int) -> None:
+        """Copy a REMOTE payload from the peer's memory at ``addr`` into
+        ``dest``, and tell the peer with a DONE frame that it may reuse it.
 
         Raises:
             ProtocolError: this process cannot read the peer's memory, or the
@@ -175,6 +194,7 @@ class Connection:
             self.peer_memory.read_into(dest, addr)
         except OSError as exc:
             raise ProtocolError(f"cannot read rank {self.peer}'s payload from its memory: {exc}") from exc
+        self.send_frame(self._done_frame, None)
 
     def _write_views(self, views: deque[memoryview]) -> None:
         """Write as much of ``views`` as the kernel takes, dropping what was sent."""
