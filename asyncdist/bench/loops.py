@@ -35,10 +35,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .cases import CASES, Calls, Point, zeros
-from .plan import Job, Plan
+from .plan import DTYPE_SIZES, OVERHEAD_MAX_BYTES, Job, Plan
 
 __all__ = ["Sample", "await_rank", "facade_rank", "torch_rank"]
 
@@ -46,10 +46,12 @@ __all__ = ["Sample", "await_rank", "facade_rank", "torch_rank"]
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One rank's timings of one job: seconds per call (per iteration of a
-    multi-call case), one per repetition."""
+    multi-call case), one per repetition; ``paired``, the await API's time of
+    the repetition run right after each (facade, paired plans only)."""
 
     iters: int
     seconds: tuple[float, ...]
+    paired: tuple[float, ...] = ()
 
 
 @contextlib.contextmanager
@@ -90,26 +92,48 @@ def _time_blocking(calls: Calls, iters: int) -> float:
     return perf_counter() - start
 
 
-def _measure_blocking(dist: Any, plan: Plan, job: Job, rank: int) -> Sample:
+def _measure_blocking(dist: Any, plan: Plan, job: Job, rank: int, paired: Callable[[int], float] | None = None) -> Sample:
+    """Time ``job``'s calls through ``dist``; after each repetition, ``paired(iters)``
+    (if given) times the same number of calls another way."""
     calls = _calls(dist, plan, job, rank)
     estimate = _estimate([_time_blocking(calls, 1) for _ in range(plan.warmup)], plan)
     dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
     iters = _iters(plan, job, estimate)
-    seconds = []
+    seconds, other = [], []
     for _ in range(plan.reps):
         dist.barrier()
         with _gc_off():
             seconds.append(_time_blocking(calls, iters) / iters)
-    return Sample(iters, tuple(seconds))
+        if paired is not None:
+            dist.barrier()
+            other.append(paired(iters) / iters)
+    return Sample(iters, tuple(seconds), tuple(other))
 
 
 def facade_rank(plan: Plan) -> list[Sample]:
-    """Rank body: measure every job through ``import asyncdist as dist`` (env:// rendezvous)."""
+    """Rank body: measure every job through ``import asyncdist as dist`` (env:// rendezvous).
+
+    In a paired plan each small job's repetitions alternate with repetitions
+    of the await API on the facade's own loop and world group, so that the
+    facade's overhead is the difference of two timings taken moments apart
+    in the same processes, not of two series run minutes apart.
+    """
     import asyncdist as dist
+    from ..facade import _portal, _world
 
     dist.init_process_group()
     try:
-        return [_measure_blocking(dist, plan, job, dist.get_rank()) for job in plan.jobs]
+        samples = []
+        for job in plan.jobs:
+            paired = None
+            if plan.paired and job.count * DTYPE_SIZES[CASES[job.op].dtype or plan.dtype] <= OVERHEAD_MAX_BYTES:
+                awaited = _calls(_world(), plan, job, dist.get_rank())
+
+                def paired(iters: int, awaited: Calls = awaited) -> float:
+                    return _portal().run(_time_await(awaited, iters))
+
+            samples.append(_measure_blocking(dist, plan, job, dist.get_rank(), paired))
+        return samples
     finally:
         dist.destroy_process_group()
 

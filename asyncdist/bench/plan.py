@@ -17,7 +17,11 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["Plan", "Job", "Series", "SERIES", "DTYPE_SIZES", "parse_bytes", "size_sweep", "format_bytes"]
+__all__ = ["Plan", "Job", "Series", "SERIES", "DTYPE_SIZES", "OVERHEAD_MAX_BYTES", "parse_bytes", "size_sweep", "format_bytes"]
+
+#: The facade's per-call overhead is measured for jobs up to this size; above
+#: it, copying the data dominates and the difference is mostly noise.
+OVERHEAD_MAX_BYTES = 64 << 10
 
 #: Bytes per element of the dtypes a sweep may use (torch's names).
 DTYPE_SIZES = {
@@ -120,6 +124,9 @@ class Plan:
         reps: timed repetitions per job; the report takes their median.
         iters: calls per repetition; 0 scales it so a repetition lasts
             ``min_rep_s`` (at most ``max_iters`` calls).
+        paired: the facade's ranks also time each small job through the await
+            API, on the facade's own loop, one repetition after each of the
+            facade's: the facade's overhead is the difference of the pair.
     """
 
     world_size: int
@@ -131,6 +138,7 @@ class Plan:
     iters: int = 0
     min_rep_s: float = 0.020
     max_iters: int = 1000
+    paired: bool = False
 
     def choose_iters(self, seconds_per_call: float) -> int:
         """Calls per repetition for a job whose calls take ``seconds_per_call``

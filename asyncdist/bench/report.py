@@ -20,16 +20,12 @@ from typing import Any, Callable
 
 from . import ddp
 from .cases import CASES
-from .plan import SERIES, Plan, Series, format_bytes
+from .plan import OVERHEAD_MAX_BYTES, SERIES, Plan, Series, format_bytes
 from .runner import Row
 
 __all__ = [
     "OVERHEAD_MAX_BYTES", "FACADE_TARGET_US", "environment", "header", "tables", "summary", "facade_overheads", "gloo_ratios", "to_json",
 ]
-
-#: The facade's per-call overhead is reported for rows up to this size; above
-#: it, copying the data dominates and the difference is mostly noise.
-OVERHEAD_MAX_BYTES = 64 << 10
 
 #: What the issue asks of the blocking facade: at most this much per call over the await API.
 FACADE_TARGET_US = 20
@@ -57,7 +53,7 @@ def environment(loop: str) -> dict[str, str]:
         "torch": _version("torch"),
         "numpy": _version("numpy"),
         "asyncdist": _version("asyncdist"),
-        "loop": loop if loop == "asyncio" else f"{loop} {_version('uvloop')}",
+        "loop": loop if loop == "asyncio" else f"{loop} {_version('uvloop')} (await API; the facade: asyncio)",
         "platform": platform.platform(),
         "cpus": str(os.cpu_count()),
     }
@@ -131,11 +127,9 @@ def _ratio(cells: Cells, mine: Series) -> float | None:
 
 
 def _overhead(cells: Cells) -> float | None:
-    """The facade's time - the await API's, for small sizes where both ran."""
-    blocking, awaited = _time(cells, _FACADE), _time(cells, _AWAIT)
-    if blocking is None or awaited is None or _any(cells).nbytes > OVERHEAD_MAX_BYTES:
-        return None
-    return blocking - awaited
+    """The facade's time - the await API's, measured in pairs (see
+    :attr:`~asyncdist.bench.plan.Plan.paired`), for small sizes."""
+    return cells[_FACADE].overhead_us if _FACADE in cells else None
 
 
 def _grouped(rows: list[Row]) -> dict[str, dict[int, Cells]]:
@@ -207,8 +201,8 @@ def summary(rows: list[Row], series: list[Series]) -> list[str]:
     overheads = facade_overheads(rows)
     if overheads:
         lines.append(
-            f"# facade overhead per call (facade - await time, median over sizes <= {format_bytes(OVERHEAD_MAX_BYTES)}),"
-            f" target <= {FACADE_TARGET_US} us:"
+            f"# facade overhead per call (facade - await API time, in the same processes, repetitions interleaved;"
+            f" median over sizes <= {format_bytes(OVERHEAD_MAX_BYTES)}), target <= {FACADE_TARGET_US} us:"
         )
         lines.append("#   " + ", ".join(f"{op} {us:+.1f} us" for op, us in overheads.items()))
     return lines if len(lines) > 1 else []
@@ -231,8 +225,8 @@ def _row_json(row: Row, cells: Cells) -> dict[str, Any]:
     }
     if row.series.library == "asyncdist" and _GLOO in cells:
         out["gloo_ratio"] = _ratio(cells, row.series)
-    if row.series == _FACADE and _AWAIT in cells:
-        out["facade_overhead_us"] = row.time_us - cells[_AWAIT].time_us
+    if row.overhead_us is not None:
+        out["facade_overhead_us"] = row.overhead_us
     return out
 
 

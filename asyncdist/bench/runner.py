@@ -44,6 +44,9 @@ class Row:
         algbw, busbw: GB/s (1e9 bytes), None for rows without bandwidth.
         reps_us: the slowest rank's time of each repetition.
         iters: calls per repetition.
+        overhead_us: for the facade's small rows of a paired plan, the median
+            over repetitions of (facade time - await API time of the paired
+            repetition), each the slowest rank's; else None.
     """
 
     op: str
@@ -57,6 +60,7 @@ class Row:
     busbw: float | None
     iters: int
     reps_us: tuple[float, ...]
+    overhead_us: float | None = None
 
 
 def runs(series: Series, op: str) -> bool:
@@ -108,6 +112,10 @@ def combine(series: Series, plan: Plan, per_rank: list[list[Sample]]) -> list[Ro
         samples = [samples[index] for samples in per_rank]
         slowest = [max(s.seconds[rep] for s in samples) / case.legs for rep in range(plan.reps)]
         seconds = statistics.median(slowest)
+        overhead = None
+        if samples[0].paired:
+            paired = [max(s.paired[rep] for s in samples) / case.legs for rep in range(plan.reps)]
+            overhead = statistics.median(f - a for f, a in zip(slowest, paired)) * 1e6
         dtype = case.dtype or plan.dtype
         nbytes = job.count * DTYPE_SIZES[dtype]
         algbw = busbw = None
@@ -127,6 +135,7 @@ def combine(series: Series, plan: Plan, per_rank: list[list[Sample]]) -> list[Ro
                 busbw=busbw,
                 iters=samples[0].iters,
                 reps_us=tuple(s * 1e6 for s in slowest),
+                overhead_us=overhead,
             )
         )
     return rows
