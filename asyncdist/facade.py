@@ -249,7 +249,7 @@ def _group_peer(group: ProcessGroup, peer: int | None, group_peer: int | None, n
 
 
 def _start(what: str, method: Any, *args: Any) -> Work:
-    return _portal().call(method, *args, what=what)
+    return _portal().start(method, *args, what=what)
 
 
 def isend(

@@ -109,4 +109,4 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         # One step of the loop: the NCCL path issues ops started together as one group call.
         return [start(tensor, peer, tag) for start, tensor, peer, tag in starts]
 
-    return _portal().call(start_all, what="batch_isend_irecv()")
+    return _portal().start(start_all, what="batch_isend_irecv()")

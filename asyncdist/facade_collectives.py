@@ -79,7 +79,7 @@ def _submit(
         # Work.start records the calls it opens, for a timed-out wait's message.
         return Work.start(lambda: operation(g), f"{what} on group {g.name!r}", list(outputs), rank=g.global_rank(g.rank))
 
-    return portal.call(start, what=f"{what}()")
+    return portal.start(start, what=f"{what}()")
 
 
 def _root(g: ProcessGroup, peer: int | None, group_peer: int | None, name: str, default: int | None = None) -> int:

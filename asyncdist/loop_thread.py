@@ -1,18 +1,48 @@
 """The one place where user threads meet the event loop.
 
-The blocking facade owns a :class:`LoopThread`: a daemon thread running an
-event loop (uvloop when installed) on which every engine, group and
-operation lives. Other threads hand it work with :meth:`LoopThread.call`
-(run a plain function on the loop) and :meth:`LoopThread.run` (run a
-coroutine to completion), and get the result or the exception back.
+The blocking facade owns a :class:`LoopThread`: an event loop on which every
+engine, group and operation lives, and a daemon thread that runs it whenever
+no user thread does. Other threads hand it work with :meth:`LoopThread.run`
+(run a coroutine to completion), :meth:`LoopThread.call` (run a plain
+function on the loop) and :meth:`LoopThread.start` (run a function that
+starts operations, which then go on in the background).
 
-Both refuse to run on the loop's own thread: a blocking call there would
-wait for the very loop it blocks (trio's rule, anyio's BlockingPortal).
+**The caller runs the loop.** A blocking call whose loop is free runs the
+loop in the calling thread until its coroutine is done: no thread hop, no
+wake-up of another thread, which is most of what a small blocking call would
+otherwise cost (the issue's "latency path without thread hops"; figures in
+``docs/benchmarks.md``). The daemon runs the loop only when someone must
+while no caller does:
 
-Both run the call in a copy of the calling thread's context that also holds
-the thread's current CUDA streams, when a GPU library is in use
+* operations started by :meth:`start` (``isend``, ``async_op=True``) are
+  *demand*: the daemon takes the loop as soon as their starter lets go of it,
+  and keeps it until the last of them is done, so they progress while the
+  user computes, as torch's do;
+* a loop left free for :data:`IDLE_GRACE` seconds is taken too, so peers'
+  messages are still read eagerly, heartbeats still go out and anything
+  started without being counted as demand still finishes;
+* a call that finds the loop taken (by the daemon, or by another thread)
+  hands its work over and waits, as every call did before.
+
+``ASYNCDIST_CALLER_RUNS_LOOP=0`` turns the first rule off: the daemon then
+keeps the loop always and every call is handed over.
+
+The loop is asyncio's own unless ``ASYNCDIST_LOOP=uvloop``: uvloop re-arms
+its signal wake-up (a new socket pair) each time the main thread starts it,
+about 25 us per blocking call here, more than it saves.
+
+A call made on the loop's own thread (from a coroutine running on it)
+raises :class:`~asyncdist.errors.WrongThreadError`: it would wait for the
+very loop it blocks (trio's rule, anyio's BlockingPortal). Every call runs
+in a copy of the calling thread's context that also holds the thread's
+current CUDA streams, when a GPU library is in use
 (:func:`asyncdist.gpu.callers.caller_context`): torch orders an operation
 after the work queued on the *calling* thread's stream.
+
+Ctrl-C during a call that runs the loop in the main thread cancels that
+call's task (the operation fails on the other ranks with an ABORT, as for
+any cancellation) and then raises ``KeyboardInterrupt``; it never lands in
+the middle of a loop callback (see :class:`_MainThreadInterrupts`).
 """
 
 from __future__ import annotations
@@ -22,24 +52,35 @@ import atexit
 import logging
 import multiprocessing.util
 import os
+import signal
 import threading
+import time
 import weakref
 from typing import Any, Callable, Coroutine
 
 from .errors import WrongThreadError
 from .gpu.callers import caller_context
 
-__all__ = ["LoopThread", "new_event_loop", "call_at_exit", "LOOP_ENV"]
+__all__ = ["LoopThread", "new_event_loop", "call_at_exit", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE"]
 
 log = logging.getLogger("asyncdist")
 
-#: Set to "asyncio" to use the standard loop even when uvloop is installed.
+#: "asyncio" or "uvloop": which event loop to use (default: uvloop where a
+#: loop runs in one thread for good, asyncio's for a LoopThread).
 LOOP_ENV = "ASYNCDIST_LOOP"
 
+#: Set to "0" to hand every blocking call to the loop thread.
+CALLER_RUNS_ENV = "ASYNCDIST_CALLER_RUNS_LOOP"
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop: uvloop's when installed (unless ASYNCDIST_LOOP=asyncio)."""
-    if os.environ.get(LOOP_ENV, "").lower() != "asyncio":
+#: Seconds a loop may stay free before the daemon takes it to run in the background.
+IDLE_GRACE = 0.005
+
+
+def new_event_loop(default: str = "uvloop") -> asyncio.AbstractEventLoop:
+    """A new event loop: ``ASYNCDIST_LOOP``'s choice, else ``default``
+    ("uvloop": uvloop's when installed; "asyncio": the standard one)."""
+    choice = os.environ.get(LOOP_ENV, "").lower() or default
+    if choice != "asyncio":
         try:
             import uvloop
         except ImportError:
@@ -50,12 +91,11 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 class _Slot:
-    """A one-shot result handed from the loop thread to one waiting thread.
+    """A one-shot result handed from the loop's thread to one waiting thread.
 
     A bare ``threading.Lock`` released by the loop is the cheapest wake-up
     between two threads in CPython; ``concurrent.futures.Future`` (a
-    Condition and a waiter list) costs about twice as much per call, which
-    is most of the blocking facade's overhead for small messages.
+    Condition and a waiter list) costs about twice as much per call.
     """
 
     __slots__ = ("done", "value", "error")
@@ -71,6 +111,55 @@ class _Slot:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+class _MainThreadInterrupts:
+    """Ctrl-C while the main thread runs a LoopThread's loop for a call.
+
+    Python runs signal handlers in the main thread between any two bytecodes,
+    so the default handler's ``KeyboardInterrupt`` could land inside a loop
+    callback (half a frame read). While the main thread runs a call's task,
+    the handler installed here cancels that task instead; the call then
+    raises ``KeyboardInterrupt`` once its task has ended. Elsewhere it
+    raises ``KeyboardInterrupt`` at once, as Python's default does.
+
+    Installed once per process, by the first LoopThread made in the main
+    thread, and only over Python's default handler (a handler of the
+    user's is left alone).
+    """
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task | None = None
+        self.interrupted = False
+        self._installed_in: int | None = None
+
+    def install(self) -> None:
+        if self._installed_in == os.getpid() or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_sigint)
+            self._installed_in = os.getpid()
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        task = self.task
+        if task is None or task.done() or self.interrupted:  # a second Ctrl-C does not wait
+            signal.default_int_handler(signum, frame)
+            return
+        self.interrupted = True
+        task.get_loop().call_soon_threadsafe(task.cancel)  # also wakes the selector
+
+
+_interrupts = _MainThreadInterrupts()
+
+
+async def _then_stop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
+    """``coro``, then stop ``loop`` in the same step: a call that needs no
+    network round trip costs one turn of the loop, not two (as a done
+    callback's stop would)."""
+    try:
+        return await coro
+    finally:
+        loop.stop()
 
 
 def call_at_exit(fn: Callable[[], None], priority: int) -> None:
@@ -105,17 +194,27 @@ def _stop_all() -> None:
 
 
 class LoopThread:
-    """An event loop running in a daemon thread, and the bridge into it.
+    """An event loop, run by the calling thread during a blocking call and by
+    a daemon thread when work must go on between calls (see the module doc).
 
-    A process that exits with the thread still running (a script that never
-    called ``destroy_process_group``) stops it first: interpreter shutdown
-    with uvloop still running on a daemon thread can crash the process
-    (SIGSEGV; seen on about 40% of such exits here).
+    A process that exits with the daemon still running the loop (a script
+    that never called ``destroy_process_group``) stops it first: interpreter
+    shutdown with a loop running on a daemon thread can crash the process
+    (SIGSEGV with uvloop; seen on about 40% of such exits here).
     """
 
     def __init__(self, name: str = "asyncdist-loop") -> None:
         global _stop_at_exit_registered_in
-        self.loop = new_event_loop()
+        self.loop = new_event_loop(default="asyncio")
+        self._caller_runs = os.environ.get(CALLER_RUNS_ENV, "1") != "0"
+        # Who runs the loop, and who needs it run; all guarded by _lock.
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._owner: int | None = None  # ident of the thread running the loop now
+        self._demand = 0  # started operations and handed-over calls not yet done
+        self._released_at = time.monotonic()
+        self._stopping = False
+        _interrupts.install()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         _running.add(self)
@@ -123,39 +222,100 @@ class LoopThread:
             _stop_at_exit_registered_in = os.getpid()
             call_at_exit(_stop_all, priority=10)
 
+    # -- the daemon ----------------------------------------------------------
+
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        me = threading.get_ident()
+        while self._take_when_needed(me):
+            try:
+                self.loop.run_forever()
+            finally:
+                with self._lock:
+                    self._owner = None
+                    self._released_at = time.monotonic()
 
-    def _check_thread(self, what: str) -> None:
-        if threading.current_thread() is self._thread:
+    def _take_when_needed(self, me: int) -> bool:
+        """Daemon: wait until the loop must run here, and take it; False once stopping."""
+        with self._lock:
+            while not self._stopping:
+                if self._owner is None:
+                    idle = time.monotonic() - self._released_at
+                    if self._demand or idle >= IDLE_GRACE or not self._caller_runs:
+                        self._owner = me
+                        return True
+                    self._changed.wait(IDLE_GRACE - idle)
+                else:  # a caller runs it: look again later (a wake-up per call would cost more)
+                    self._changed.wait(IDLE_GRACE)
+            return False
+
+    # -- who runs the loop ---------------------------------------------------
+
+    def _take_for_caller(self, what: str) -> bool:
+        """Take the loop for the calling thread if it is free; False: hand the call over.
+
+        Raises:
+            WrongThreadError: called from a coroutine running on this loop.
+        """
+        running = asyncio._get_running_loop()
+        if running is self.loop:
             raise WrongThreadError(
                 f"{what} is a blocking call and was made on asyncdist's event loop thread; "
                 "inside coroutines use the await API (asyncdist.init_world / ProcessGroup)"
             )
+        if running is not None or not self._caller_runs:  # this thread runs a loop of its own
+            return False
+        with self._lock:
+            if self._owner is None and not self._stopping:
+                self._owner = threading.get_ident()
+                return True
+        return False
 
-    def call(self, fn: Callable[..., Any], *args: Any, what: str = "this call") -> Any:
-        """Run ``fn(*args)`` on the loop thread and return its result (any other thread)."""
-        self._check_thread(what)
-        slot = _Slot()
+    def _release(self) -> None:
+        """The calling thread lets go of the loop; the daemon takes it if work is left."""
+        with self._lock:
+            self._owner = None
+            self._released_at = time.monotonic()
+            if self._demand:
+                self._changed.notify()
 
-        def invoke() -> None:
-            try:
-                slot.value = fn(*args)
-            except BaseException as exc:
-                slot.error = exc
-            slot.done.release()
+    def _add_demand(self) -> None:
+        with self._lock:
+            self._demand += 1
+            self._changed.notify()
 
-        self.loop.call_soon_threadsafe(invoke, context=caller_context())
-        return slot.wait()
+    def _demand_met(self, _: Any = None) -> None:
+        """On the loop: one started operation or handed-over call is done.
+        The daemon gives the loop back when none is left (a caller may want it)."""
+        with self._lock:
+            self._demand -= 1
+            if not self._demand and self._owner == self._thread.ident and self._caller_runs:
+                self.loop.stop()
 
-    def run(self, coro: Coroutine[Any, Any, Any], what: str = "this call") -> Any:
-        """Run ``coro`` on the loop and wait for its result (any other thread)."""
+    # -- running work ---------------------------------------------------------
+
+    def _run_here(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` to completion on the loop, in this thread (which owns it)."""
+        loop = self.loop
         try:
-            self._check_thread(what)
-        except WrongThreadError:
-            coro.close()
-            raise
+            task = loop.create_task(_then_stop(loop, coro), context=caller_context())
+            main = threading.current_thread() is threading.main_thread()
+            if main:
+                _interrupts.task = task
+            try:
+                while not task.done():
+                    loop.run_forever()
+            finally:
+                if main:
+                    interrupted, _interrupts.task, _interrupts.interrupted = _interrupts.interrupted, None, False
+            if main and interrupted:
+                raise KeyboardInterrupt
+            return task.result()
+        finally:
+            self._release()
+
+    def _hand_over(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the loop in whichever thread runs it, and wait here."""
         slot = _Slot()
 
         def finish(task: asyncio.Task) -> None:
@@ -165,17 +325,53 @@ class LoopThread:
                 slot.error = task.exception()
                 if slot.error is None:
                     slot.value = task.result()
+            self._demand_met()
             slot.done.release()
 
+        self._add_demand()
         self.loop.call_soon_threadsafe(
             lambda: self.loop.create_task(coro).add_done_callback(finish), context=caller_context()
         )
         return slot.wait()
 
+    def run(self, coro: Coroutine[Any, Any, Any], what: str = "this call") -> Any:
+        """Run ``coro`` on the loop and return its result (any thread but the loop's)."""
+        try:
+            here = self._take_for_caller(what)
+        except WrongThreadError:
+            coro.close()
+            raise
+        return self._run_here(coro) if here else self._hand_over(coro)
+
+    def call(self, fn: Callable[..., Any], *args: Any, what: str = "this call") -> Any:
+        """Run ``fn(*args)`` on the loop and return its result (any thread but the loop's)."""
+
+        async def invoke() -> Any:
+            return fn(*args)
+
+        return self.run(invoke(), what)
+
+    def start(self, fn: Callable[..., Any], *args: Any, what: str = "this call") -> Any:
+        """Run ``fn(*args)`` on the loop and return its result at once: the
+        Work of the operation it started, or a list of them (anything with a
+        ``future``, the operation's asyncio future, as :class:`Work` has).
+        The loop keeps running, in the daemon if no caller runs it, until
+        every one is done.
+        """
+
+        def begin() -> Any:
+            started = fn(*args)
+            for work in started if isinstance(started, list) else [started]:
+                if not work.future.done():
+                    self._add_demand()
+                    work.future.add_done_callback(self._demand_met)
+            return started
+
+        return self.call(begin, what=what)
+
     def stop(self) -> None:
-        """Cancel what is left on the loop, stop it and join the thread."""
-        self._check_thread("LoopThread.stop()")
-        if not self._thread.is_alive():
+        """Cancel what is left on the loop, stop the daemon and close the loop."""
+        if self.loop.is_closed():
             return
 
         async def cancel_rest() -> None:
@@ -184,8 +380,12 @@ class LoopThread:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-        self.run(cancel_rest())
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.run(cancel_rest(), "LoopThread.stop()")
+        with self._lock:
+            self._stopping = True
+            self._changed.notify()
+            if self._owner == self._thread.ident:
+                self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
         _running.discard(self)

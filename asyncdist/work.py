@@ -103,6 +103,11 @@ class Work:
         task = asyncio.get_running_loop().create_task(coroutine, context=context)
         return cls(task, op, outputs, progress)
 
+    @property
+    def future(self) -> asyncio.Future:
+        """The operation's asyncio future (loop thread only; others :meth:`wait`)."""
+        return self._future
+
     def _on_done(self, future: asyncio.Future) -> None:
         if not future.cancelled():
             future.exception()  # the error is kept for wait()/exception(); don't log it as lost

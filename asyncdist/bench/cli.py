@@ -106,7 +106,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--max-iters", type=int, help="auto iters: at most this many calls per repetition (default 1000)")
     p.add_argument("--quick", action="store_true", help="smoke-run preset: 8..64K by x8, 3 short repetitions")
     p.add_argument("--loop", choices=["auto", "asyncio"], default="auto",
-                   help="asyncdist's event loop: uvloop when installed (auto) or the standard one")
+                   help="asyncdist's event loop: auto = uvloop (when installed) for the await API's ranks and "
+                        "asyncio's for the facade's, as asyncdist chooses by default; asyncio = the standard one for both")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the results as json to FILE, or to stdout instead of the tables if no FILE")
     p.add_argument("--plot", metavar="FILE.png", help="draw busbw and latency against size (needs matplotlib)")
@@ -167,6 +168,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
         iters=args.iters,
         min_rep_s=s["min_rep_ms"] / 1e3,
         max_iters=s["max_iters"],
+        paired=args.api == "both",
     )
     return plan, sizes
 

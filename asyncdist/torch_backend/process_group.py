@@ -140,12 +140,12 @@ class AsyncdistProcessGroup(tdist.ProcessGroup):
             work = Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
             return TorchWork(work, outputs)
 
-        return self._portal.call(start, what=f"{what}()")
+        return self._portal.start(start, what=f"{what}()")
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list) -> TorchWork:
         """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
         group = self._group
-        return self._portal.call(lambda: TorchWork(operation(group), outputs), what=f"{what}()")
+        return self._portal.start(lambda: TorchWork(operation(group), outputs), what=f"{what}()")
 
     # -- collectives ------------------------------------------------------------
 

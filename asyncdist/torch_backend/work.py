@@ -72,6 +72,12 @@ class TorchWork(tdist.Work):
     def __repr__(self) -> str:
         return f"<TorchWork {self._work!r}>"
 
+    @property
+    def future(self) -> Any:
+        """The asyncdist operation's asyncio future (loop thread only), which
+        keeps the loop running until it is done (:meth:`LoopThread.start`)."""
+        return self._work.future
+
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until the operation completes; return True or raise its error.
 

@@ -1,0 +1,189 @@
+"""LoopThread: who runs the loop, and that work goes on when nobody calls.
+
+A blocking call runs the loop in the calling thread when the loop is free;
+started operations keep it running in the daemon thread; a loop left free is
+taken by the daemon after the grace period; a call that finds the loop taken,
+or is made from a thread running a loop of its own, is handed over. Thread
+identities say which thread ran what; threading events (never sleeps) say
+when background work happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from typing import Any, Iterator
+
+import pytest
+
+from asyncdist import loop_thread
+from asyncdist.errors import WrongThreadError
+from asyncdist.loop_thread import LoopThread
+from asyncdist.work import Work
+
+
+@pytest.fixture
+def portal() -> Iterator[LoopThread]:
+    thread = LoopThread("test-loop")
+    yield thread
+    thread.stop()
+
+
+async def _ident() -> int:
+    await asyncio.sleep(0)  # a real turn of the loop, not only a step
+    return threading.get_ident()
+
+
+def test_a_blocking_call_runs_the_loop_in_the_calling_thread(portal: LoopThread) -> None:
+    me = threading.get_ident()
+    assert portal.run(_ident()) == me
+    assert portal.call(threading.get_ident) == me
+    assert portal.call(lambda a, b: a * b, 6, 7) == 42
+
+
+def test_a_thread_running_its_own_loop_hands_its_call_over(portal: LoopThread) -> None:
+    async def users_own_code() -> tuple[int, int]:
+        return threading.get_ident(), portal.run(_ident())
+
+    caller, runner = asyncio.run(users_own_code())
+    assert runner != caller
+    assert runner == portal._thread.ident
+
+
+def test_with_caller_runs_off_every_call_is_handed_to_the_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(loop_thread.CALLER_RUNS_ENV, "0")
+    thread = LoopThread("test-handed")
+    try:
+        assert [thread.run(_ident()) for _ in range(3)] == [thread._thread.ident] * 3
+    finally:
+        thread.stop()
+
+
+def test_a_started_operation_finishes_while_the_caller_does_not_call(
+    portal: LoopThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With an endless grace period only the started Work's demand can make
+    # the daemon run the loop.
+    monkeypatch.setattr(loop_thread, "IDLE_GRACE", 3600.0)
+    release = portal.call(portal.loop.create_future)
+    ran_in: list[int] = []
+
+    async def operation() -> str:
+        await release
+        ran_in.append(threading.get_ident())
+        return "done"
+
+    work = portal.start(lambda: Work.start(operation, "test operation", rank=0))
+    portal.loop.call_soon_threadsafe(release.set_result, None)
+    assert work.wait(timeout=30) is True
+    assert work.value() == "done"
+    assert ran_in == [portal._thread.ident]
+
+
+def test_a_free_loop_is_taken_by_the_daemon_after_the_grace_period(portal: LoopThread) -> None:
+    # A task nobody started as an operation: no demand, so only the
+    # daemon's idle rule runs it once the caller has let go of the loop.
+    release = portal.call(portal.loop.create_future)
+    finished = threading.Event()
+    ran_in: list[int] = []
+
+    async def background() -> None:
+        await release
+        ran_in.append(threading.get_ident())
+        finished.set()
+
+    portal.call(lambda: portal.loop.create_task(background()))
+    portal.loop.call_soon_threadsafe(release.set_result, None)
+    assert finished.wait(timeout=30)
+    assert ran_in == [portal._thread.ident]
+
+
+def test_a_blocking_call_from_a_coroutine_on_the_loop_is_refused(portal: LoopThread) -> None:
+    async def inner() -> None:
+        raise AssertionError("must not run")
+
+    async def outer() -> str:
+        coro = inner()
+        with pytest.raises(WrongThreadError, match="blocking call"):
+            portal.run(coro, what="inner()")
+        assert coro.cr_frame is None  # closed, not left to warn "never awaited"
+        return "refused"
+
+    assert portal.run(outer()) == "refused"
+
+
+def test_errors_reach_the_caller_and_the_loop_stays_usable(portal: LoopThread) -> None:
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("rank 3 said no")
+
+    with pytest.raises(ValueError, match="rank 3 said no"):
+        portal.run(fails())
+    with pytest.raises(ZeroDivisionError):
+        portal.call(lambda: 1 / 0)
+    assert portal.run(_ident()) == threading.get_ident()
+
+
+def test_many_threads_calling_at_once_each_get_their_own_result(portal: LoopThread) -> None:
+    async def echo(value: int) -> int:
+        await asyncio.sleep(0)
+        return value
+
+    results: dict[int, list[int]] = {}
+
+    def caller(index: int) -> None:
+        results[index] = [portal.run(echo(index * 1000 + i)) for i in range(200)]
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results == {i: [i * 1000 + k for k in range(200)] for i in range(8)}
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread only")
+def test_ctrl_c_during_a_call_cancels_its_task_then_raises_keyboard_interrupt(portal: LoopThread) -> None:
+    if signal.getsignal(signal.SIGINT) != loop_thread._interrupts._on_sigint:
+        pytest.skip("another SIGINT handler was installed before asyncdist's")
+    seen: list[str] = []
+
+    async def interrupted() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            await portal.loop.create_future()  # never completes
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    with pytest.raises(KeyboardInterrupt):
+        portal.run(interrupted())
+    assert seen == ["cancelled"]
+    assert portal.run(_ident()) == threading.get_ident()  # the loop is intact
+    with pytest.raises(KeyboardInterrupt):  # outside a call: Python's own behaviour
+        os.kill(os.getpid(), signal.SIGINT)
+        threading.Event().wait(30)
+
+
+def test_stop_cancels_what_is_left_and_may_be_called_again() -> None:
+    thread = LoopThread("test-stop")
+
+    async def forever() -> None:
+        await thread.loop.create_future()
+
+    pending = thread.call(lambda: thread.loop.create_task(forever()))
+    thread.stop()
+    assert pending.cancelled()
+    assert thread.loop.is_closed() and not thread._thread.is_alive()
+    thread.stop()
+
+
+def test_the_loop_is_asyncio_s_unless_uvloop_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(loop_thread.LOOP_ENV, raising=False)
+    loop: Any = loop_thread.new_event_loop(default="asyncio")
+    try:
+        assert type(loop).__module__.startswith("asyncio")
+    finally:
+        loop.close()
