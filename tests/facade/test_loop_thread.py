@@ -144,10 +144,21 @@ def test_many_threads_calling_at_once_each_get_their_own_result(portal: LoopThre
     assert results == {i: [i * 1000 + k for k in range(200)] for i in range(8)}
 
 
+@pytest.fixture
+def fresh_sigint(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Python's default SIGINT handler, whatever earlier tests installed, and
+    asyncdist's hook not yet installed in this process."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(loop_thread, "_interrupts", loop_thread._MainThreadInterrupts())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread only")
-def test_ctrl_c_during_a_call_cancels_its_task_then_raises_keyboard_interrupt(portal: LoopThread) -> None:
-    if signal.getsignal(signal.SIGINT) != loop_thread._interrupts._on_sigint:
-        pytest.skip("another SIGINT handler was installed before asyncdist's")
+def test_ctrl_c_during_a_call_cancels_its_task_then_raises_keyboard_interrupt(fresh_sigint: None) -> None:
+    portal = LoopThread("test-ctrl-c")  # installs the hook over the default handler
     seen: list[str] = []
 
     async def interrupted() -> None:
@@ -158,13 +169,17 @@ def test_ctrl_c_during_a_call_cancels_its_task_then_raises_keyboard_interrupt(po
             seen.append("cancelled")
             raise
 
-    with pytest.raises(KeyboardInterrupt):
-        portal.run(interrupted())
-    assert seen == ["cancelled"]
-    assert portal.run(_ident()) == threading.get_ident()  # the loop is intact
-    with pytest.raises(KeyboardInterrupt):  # outside a call: Python's own behaviour
-        os.kill(os.getpid(), signal.SIGINT)
-        threading.Event().wait(30)
+    try:
+        assert signal.getsignal(signal.SIGINT) == loop_thread._interrupts._on_sigint
+        with pytest.raises(KeyboardInterrupt):
+            portal.run(interrupted())
+        assert seen == ["cancelled"]
+        assert portal.run(_ident()) == threading.get_ident()  # the loop is intact
+        with pytest.raises(KeyboardInterrupt):  # outside a call: Python's own behaviour
+            os.kill(os.getpid(), signal.SIGINT)
+            threading.Event().wait(30)
+    finally:
+        portal.stop()
 
 
 def test_stop_cancels_what_is_left_and_may_be_called_again() -> None:
