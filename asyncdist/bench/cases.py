@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import ddp
-from .plan import Job
+from .plan import DTYPE_SIZES, Job
 
-__all__ = ["Case", "Point", "CASES", "register", "jobs", "zeros"]
+__all__ = ["Case", "Point", "CASES", "register", "jobs", "job_dtype", "zeros"]
 
 Calls = list[Callable[[], Any]]
 
@@ -121,6 +121,12 @@ def jobs(ops: list[str], sizes: list[int], itemsize: int, world_size: int,
             counts = dict.fromkeys(case.count_for(size, itemsize, world_size) for size in sizes)
         result.extend(Job(op, count) for count in counts)
     return tuple(result)
+
+
+def job_dtype(job: Job, plan_dtype: str) -> tuple[str, int]:
+    """A job's element type (its case's own, else the run's) and its size in bytes."""
+    dtype = CASES[job.op].dtype or plan_dtype
+    return dtype, job.count * DTYPE_SIZES[dtype]
 
 
 def zeros(count: int, dtype: str, array: str) -> Any:

@@ -37,8 +37,8 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable, Iterator
 
-from .cases import CASES, Calls, Point, zeros
-from .plan import DTYPE_SIZES, OVERHEAD_MAX_BYTES, Job, Plan
+from .cases import CASES, Calls, Point, job_dtype, zeros
+from .plan import OVERHEAD_MAX_BYTES, Job, Plan
 
 __all__ = ["Sample", "await_rank", "facade_rank", "torch_rank"]
 
@@ -106,7 +106,8 @@ def _measure_blocking(dist: Any, plan: Plan, job: Job, rank: int, paired: Callab
             seconds.append(_time_blocking(calls, iters) / iters)
         if paired is not None:
             dist.barrier()
-            other.append(paired(iters) / iters)
+            with _gc_off():
+                other.append(paired(iters) / iters)
     return Sample(iters, tuple(seconds), tuple(other))
 
 
@@ -126,7 +127,7 @@ def facade_rank(plan: Plan) -> list[Sample]:
         samples = []
         for job in plan.jobs:
             paired = None
-            if plan.paired and job.count * DTYPE_SIZES[CASES[job.op].dtype or plan.dtype] <= OVERHEAD_MAX_BYTES:
+            if plan.paired and job_dtype(job, plan.dtype)[1] <= OVERHEAD_MAX_BYTES:
                 awaited = _calls(_world(), plan, job, dist.get_rank())
 
                 def paired(iters: int, awaited: Calls = awaited) -> float:

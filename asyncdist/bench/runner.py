@@ -25,9 +25,9 @@ import tempfile
 from dataclasses import dataclass
 
 from ..testing.spawn import spawn
-from .cases import CASES
+from .cases import CASES, job_dtype
 from .loops import Sample, await_rank, facade_rank, torch_rank
-from .plan import DTYPE_SIZES, Plan, Series
+from .plan import Plan, Series
 
 __all__ = ["Row", "run_series", "series_plan", "runs", "combine"]
 
@@ -116,8 +116,7 @@ def combine(series: Series, plan: Plan, per_rank: list[list[Sample]]) -> list[Ro
         if samples[0].paired:
             paired = [max(s.paired[rep] for s in samples) / case.legs for rep in range(plan.reps)]
             overhead = statistics.median(f - a for f, a in zip(slowest, paired)) * 1e6
-        dtype = case.dtype or plan.dtype
-        nbytes = job.count * DTYPE_SIZES[dtype]
+        dtype, nbytes = job_dtype(job, plan.dtype)
         algbw = busbw = None
         if case.bus_factor is not None and seconds > 0:
             algbw = nbytes / seconds / 1e9
