@@ -182,9 +182,11 @@ def _world() -> ProcessGroup:
 
 
 def _portal() -> LoopThread:
-    _world()
-    assert _runtime.portal is not None
-    return _runtime.portal
+    portal = _runtime.portal
+    if portal is None:  # set and cleared with the world: _world() raises the error
+        _world()
+    assert portal is not None
+    return portal
 
 
 #: What ``new_group`` returns on ranks outside the new group, as torch does

@@ -337,10 +337,13 @@ def barrier(
 
 
 async def _within(coro: Coroutine[Any, Any, Any], seconds: float, what: str) -> Any:
-    """Await ``coro``, cancelling it after ``seconds`` with OperationTimeoutError."""
+    """Await ``coro``, cancelling it after ``seconds`` with OperationTimeoutError.
+
+    ``wait_for``, not ``asyncio.timeout``: a blocking call runs without a
+    Task (:mod:`asyncdist.loop_turns`), and ``timeout`` needs one.
+    """
     try:
-        async with asyncio.timeout(seconds):
-            return await coro
+        return await asyncio.wait_for(coro, seconds)
     except TimeoutError as exc:
         if isinstance(exc, OperationTimeoutError):
             raise

@@ -27,9 +27,12 @@ while no caller does:
 ``ASYNCDIST_CALLER_RUNS_LOOP=0`` turns the first rule off: the daemon then
 keeps the loop always and every call is handed over.
 
-The loop is asyncio's own unless ``ASYNCDIST_LOOP=uvloop``: uvloop re-arms
-its signal wake-up (a new socket pair) each time the main thread starts it,
-about 25 us per blocking call here, more than it saves.
+The calling thread runs its call's coroutine with a
+:class:`~asyncdist.loop_turns.Driver`: stepped like a Task, without one.
+The loop is asyncio's own unless ``ASYNCDIST_LOOP=uvloop``: only asyncio's
+loop can be turned one iteration at a time by the Driver, and uvloop
+re-arms its signal wake-up (a new socket pair) each time the main thread
+starts it, about 25 us per blocking call here, more than it saves.
 
 A call made on the loop's own thread (from a coroutine running on it)
 raises :class:`~asyncdist.errors.WrongThreadError`: it would wait for the
@@ -60,6 +63,7 @@ from typing import Any, Callable, Coroutine
 
 from .errors import WrongThreadError
 from .gpu.callers import caller_context
+from .loop_turns import Driver
 
 __all__ = ["LoopThread", "new_event_loop", "call_at_exit", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE"]
 
@@ -118,10 +122,12 @@ class _MainThreadInterrupts:
 
     Python runs signal handlers in the main thread between any two bytecodes,
     so the default handler's ``KeyboardInterrupt`` could land inside a loop
-    callback (half a frame read). While the main thread runs a call's task,
-    the handler installed here cancels that task instead; the call then
-    raises ``KeyboardInterrupt`` once its task has ended. Elsewhere it
-    raises ``KeyboardInterrupt`` at once, as Python's default does.
+    callback (half a frame read). While the main thread runs a call, the
+    handler installed here cancels the call's coroutine instead; the call
+    then raises ``KeyboardInterrupt`` once its coroutine has ended.
+    Elsewhere it raises ``KeyboardInterrupt`` at once, as Python's default
+    does. The handler finds the call itself (the LoopThread whose loop the
+    main thread runs), so a call costs nothing for it.
 
     Installed once per process, by the first LoopThread made in the main
     thread, and only over Python's default handler (a handler of the
@@ -129,8 +135,6 @@ class _MainThreadInterrupts:
     """
 
     def __init__(self) -> None:
-        self.task: asyncio.Task | None = None
-        self.interrupted = False
         self._installed_in: int | None = None
 
     def install(self) -> None:
@@ -141,25 +145,16 @@ class _MainThreadInterrupts:
             self._installed_in = os.getpid()
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        task = self.task
-        if task is None or task.done() or self.interrupted:  # a second Ctrl-C does not wait
-            signal.default_int_handler(signum, frame)
-            return
-        self.interrupted = True
-        task.get_loop().call_soon_threadsafe(task.cancel)  # also wakes the selector
+        me = threading.get_ident()
+        for portal in list(_running):
+            if portal._owner == me and portal._driver.running and not portal._interrupted:
+                portal._interrupted = True  # a second Ctrl-C does not wait
+                portal._driver.cancel()
+                return
+        signal.default_int_handler(signum, frame)
 
 
 _interrupts = _MainThreadInterrupts()
-
-
-async def _then_stop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
-    """``coro``, then stop ``loop`` in the same step: a call that needs no
-    network round trip costs one turn of the loop, not two (as a done
-    callback's stop would)."""
-    try:
-        return await coro
-    finally:
-        loop.stop()
 
 
 def call_at_exit(fn: Callable[[], None], priority: int) -> None:
@@ -214,6 +209,8 @@ class LoopThread:
         self._demand = 0  # started operations and handed-over calls not yet done
         self._released_at = time.monotonic()
         self._stopping = False
+        self._driver = Driver(self.loop)  # runs the blocking calls of whichever caller owns the loop
+        self._interrupted = False  # Ctrl-C cancelled the main thread's call now running
         _interrupts.install()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
@@ -251,33 +248,13 @@ class LoopThread:
 
     # -- who runs the loop ---------------------------------------------------
 
-    def _take_for_caller(self, what: str) -> bool:
-        """Take the loop for the calling thread if it is free; False: hand the call over.
-
-        Raises:
-            WrongThreadError: called from a coroutine running on this loop.
-        """
-        running = asyncio._get_running_loop()
-        if running is self.loop:
-            raise WrongThreadError(
-                f"{what} is a blocking call and was made on asyncdist's event loop thread; "
-                "inside coroutines use the await API (asyncdist.init_world / ProcessGroup)"
-            )
-        if running is not None or not self._caller_runs:  # this thread runs a loop of its own
-            return False
-        with self._lock:
-            if self._owner is None and not self._stopping:
-                self._owner = threading.get_ident()
-                return True
-        return False
-
     def _release(self) -> None:
         """The calling thread lets go of the loop; the daemon takes it if work is left."""
         with self._lock:
             self._owner = None
             self._released_at = time.monotonic()
-            if self._demand:
-                self._changed.notify()
+            if self._demand or self._stopping:
+                self._changed.notify_all()
 
     def _add_demand(self) -> None:
         with self._lock:
@@ -296,23 +273,17 @@ class LoopThread:
 
     def _run_here(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` to completion on the loop, in this thread (which owns it)."""
-        loop = self.loop
         try:
-            task = loop.create_task(_then_stop(loop, coro), context=caller_context())
-            main = threading.current_thread() is threading.main_thread()
-            if main:
-                _interrupts.task = task
-            try:
-                while not task.done():
-                    loop.run_forever()
-            finally:
-                if main:
-                    interrupted, _interrupts.task, _interrupts.interrupted = _interrupts.interrupted, None, False
-            if main and interrupted:
-                raise KeyboardInterrupt
-            return task.result()
+            result = self._driver.run(coro, caller_context())
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
         finally:
+            interrupted, self._interrupted = self._interrupted, False
             self._release()
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
 
     def _hand_over(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the loop in whichever thread runs it, and wait here."""
@@ -335,13 +306,26 @@ class LoopThread:
         return slot.wait()
 
     def run(self, coro: Coroutine[Any, Any, Any], what: str = "this call") -> Any:
-        """Run ``coro`` on the loop and return its result (any thread but the loop's)."""
-        try:
-            here = self._take_for_caller(what)
-        except WrongThreadError:
+        """Run ``coro`` on the loop and return its result (any thread but the loop's).
+
+        Raises:
+            WrongThreadError: called from a coroutine running on this loop.
+        """
+        running = asyncio._get_running_loop()
+        if running is None and self._caller_runs:  # take the loop if it is free
+            with self._lock:
+                free = self._owner is None and not self._stopping
+                if free:
+                    self._owner = threading.get_ident()
+            if free:
+                return self._run_here(coro)
+        elif running is self.loop:
             coro.close()
-            raise
-        return self._run_here(coro) if here else self._hand_over(coro)
+            raise WrongThreadError(
+                f"{what} is a blocking call and was made on asyncdist's event loop thread; "
+                "inside coroutines use the await API (asyncdist.init_world / ProcessGroup)"
+            )
+        return self._hand_over(coro)  # taken, or this thread runs a loop of its own
 
     def call(self, fn: Callable[..., Any], *args: Any, what: str = "this call") -> Any:
         """Run ``fn(*args)`` on the loop and return its result (any thread but the loop's)."""
@@ -370,11 +354,16 @@ class LoopThread:
         return self.call(begin, what=what)
 
     def stop(self) -> None:
-        """Cancel what is left on the loop, stop the daemon and close the loop."""
+        """Cancel what is left on the loop (blocking calls of other threads
+        too), stop the daemon and close the loop."""
         if self.loop.is_closed():
             return
+        if asyncio._get_running_loop() is self.loop:
+            raise WrongThreadError("LoopThread.stop() was called on its own loop; call it from another thread")
 
         async def cancel_rest() -> None:
+            if asyncio.current_task() is not None:  # handed over: the driver runs another thread's call
+                self._driver.cancel()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
@@ -383,9 +372,11 @@ class LoopThread:
         self.run(cancel_rest(), "LoopThread.stop()")
         with self._lock:
             self._stopping = True
-            self._changed.notify()
+            self._changed.notify_all()
             if self._owner == self._thread.ident:
                 self.loop.call_soon_threadsafe(self.loop.stop)
+            while self._owner not in (None, self._thread.ident):  # a caller still runs it: wait for its release
+                self._changed.wait()
         self._thread.join()
         self.loop.close()
         _running.discard(self)

@@ -215,6 +215,21 @@ def rank_three_skips_the_monitored_barrier() -> str:
     return "no error"
 
 
+def rank_one_skips_a_barrier_with_a_timeout() -> str:
+    dist.init_process_group()
+    if dist.get_rank() == 1:
+        got = torch.zeros(1)
+        dist.recv(got, src=0)  # only once rank 0 has given up
+        return f"released with {got.item()}"
+    try:
+        dist.barrier(timeout=0.5)
+    except OperationTimeoutError as exc:
+        return str(exc)
+    finally:
+        dist.send(torch.full((1,), 7.0), dst=1)
+    return "no error"
+
+
 # -- tests -----------------------------------------------------------------------
 
 
@@ -283,6 +298,11 @@ def test_monitored_barrier_names_the_rank_that_never_came() -> None:
     for message in results[1:3]:
         assert "group rank 0 reports that rank 3 failed to pass it" in message
     assert results[3].startswith("rank 3: ") and "reports that rank 3 failed" in results[3]
+
+
+def test_a_barrier_times_out_after_its_own_timeout_argument() -> None:
+    results = spawn(2, rank_one_skips_a_barrier_with_a_timeout, timeout=60)
+    assert results == ["barrier of group 'world' did not complete within 0.5 s (its timeout argument)", "released with 7.0"]
 
 
 def test_blocking_calls_need_an_initialized_group_and_sane_arguments() -> None:

@@ -25,7 +25,14 @@ from asyncdist.work import Work
 
 
 @pytest.fixture
-def portal() -> Iterator[LoopThread]:
+def no_idle_takeover(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon never takes a free loop for being idle (only for demand):
+    which thread runs a call must not depend on how fast the test gets to it."""
+    monkeypatch.setattr(loop_thread, "IDLE_GRACE", 3600.0)
+
+
+@pytest.fixture
+def portal(no_idle_takeover: None) -> Iterator[LoopThread]:
     thread = LoopThread("test-loop")
     yield thread
     thread.stop()
@@ -61,12 +68,9 @@ def test_with_caller_runs_off_every_call_is_handed_to_the_daemon(monkeypatch: py
         thread.stop()
 
 
-def test_a_started_operation_finishes_while_the_caller_does_not_call(
-    portal: LoopThread, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # With an endless grace period only the started Work's demand can make
-    # the daemon run the loop.
-    monkeypatch.setattr(loop_thread, "IDLE_GRACE", 3600.0)
+def test_a_started_operation_finishes_while_the_caller_does_not_call(portal: LoopThread) -> None:
+    # With an endless grace period (the fixture's) only the started Work's
+    # demand can make the daemon run the loop.
     release = portal.call(portal.loop.create_future)
     ran_in: list[int] = []
 
@@ -82,9 +86,10 @@ def test_a_started_operation_finishes_while_the_caller_does_not_call(
     assert ran_in == [portal._thread.ident]
 
 
-def test_a_free_loop_is_taken_by_the_daemon_after_the_grace_period(portal: LoopThread) -> None:
+def test_a_free_loop_is_taken_by_the_daemon_after_the_grace_period() -> None:
     # A task nobody started as an operation: no demand, so only the
     # daemon's idle rule runs it once the caller has let go of the loop.
+    portal = LoopThread("test-idle")
     release = portal.call(portal.loop.create_future)
     finished = threading.Event()
     ran_in: list[int] = []
@@ -96,8 +101,11 @@ def test_a_free_loop_is_taken_by_the_daemon_after_the_grace_period(portal: LoopT
 
     portal.call(lambda: portal.loop.create_task(background()))
     portal.loop.call_soon_threadsafe(release.set_result, None)
-    assert finished.wait(timeout=30)
-    assert ran_in == [portal._thread.ident]
+    try:
+        assert finished.wait(timeout=30)
+        assert ran_in == [portal._thread.ident]
+    finally:
+        portal.stop()
 
 
 def test_a_blocking_call_from_a_coroutine_on_the_loop_is_refused(portal: LoopThread) -> None:
@@ -157,7 +165,7 @@ def fresh_sigint(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread only")
-def test_ctrl_c_during_a_call_cancels_its_task_then_raises_keyboard_interrupt(fresh_sigint: None) -> None:
+def test_ctrl_c_during_a_call_cancels_it_then_raises_keyboard_interrupt(fresh_sigint: None, no_idle_takeover: None) -> None:
     portal = LoopThread("test-ctrl-c")  # installs the hook over the default handler
     seen: list[str] = []
 
@@ -193,6 +201,31 @@ def test_stop_cancels_what_is_left_and_may_be_called_again() -> None:
     assert pending.cancelled()
     assert thread.loop.is_closed() and not thread._thread.is_alive()
     thread.stop()
+
+
+def test_stop_cancels_a_blocking_call_another_thread_is_running(no_idle_takeover: None) -> None:
+    thread = LoopThread("test-stop-caller")
+    waiting = threading.Event()
+    outcome: list[str] = []
+
+    async def forever() -> None:
+        waiting.set()
+        await thread.loop.create_future()
+
+    def caller() -> None:
+        try:
+            thread.run(forever())
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+
+    blocked = threading.Thread(target=caller)
+    blocked.start()
+    assert waiting.wait(30)
+    assert thread._owner == blocked.ident  # the caller runs the loop itself
+    thread.stop()
+    blocked.join(30)
+    assert outcome == ["cancelled"]
+    assert thread.loop.is_closed() and not thread._thread.is_alive()
 
 
 def test_the_loop_is_asyncio_s_unless_uvloop_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:

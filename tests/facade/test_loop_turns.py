@@ -1,0 +1,168 @@
+"""Driver: coroutines stepped by the calling thread, as a Task would step it.
+
+Each test runs coroutines with a Driver on a fresh asyncio loop and checks
+what a Task would give: the result or the exception, context isolation,
+cancellation at the await; and what the Driver saves: the turns of the loop
+it needs, counted by wrapping the loop's iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from typing import Any, Iterator
+
+import pytest
+
+from asyncdist.loop_turns import Driver
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_drive_var", default="unset")
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _count_turns(loop: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    turns = [0]
+    run_once = loop._run_once
+
+    def counted() -> None:
+        turns[0] += 1
+        run_once()
+
+    monkeypatch.setattr(loop, "_run_once", counted)
+    return turns
+
+
+def test_the_result_comes_back_through_futures_timers_and_bare_yields(loop: asyncio.AbstractEventLoop) -> None:
+    async def work(n: int) -> list[int]:
+        seen = []
+        for i in range(n):
+            await asyncio.sleep(0)
+            future = loop.create_future()
+            loop.call_soon(future.set_result, i * i)
+            seen.append(await future)
+            await asyncio.sleep(0.001)  # a timer
+        return seen
+
+    assert Driver(loop).run(work(5)) == [i * i for i in range(5)]
+    assert not loop.is_running() and asyncio._get_running_loop() is None
+
+
+def test_an_exception_reaches_the_caller_and_the_loop_stays_usable(loop: asyncio.AbstractEventLoop) -> None:
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("rank 3 disagrees")
+
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    driver = Driver(loop)
+    with pytest.raises(ValueError, match="rank 3 disagrees"):
+        driver.run(fails())
+    assert driver.run(answer()) == 42
+
+
+def test_context_variables_set_by_the_coroutine_stay_in_it(loop: asyncio.AbstractEventLoop) -> None:
+    async def sets() -> str:
+        before = _VAR.get()
+        _VAR.set("inside")
+        await asyncio.sleep(0)
+        return f"{before}->{_VAR.get()}"
+
+    token = _VAR.set("caller")
+    try:
+        assert Driver(loop).run(sets()) == "caller->inside"
+        assert _VAR.get() == "caller"
+    finally:
+        _VAR.reset(token)
+
+
+def test_a_future_completed_in_a_turn_resumes_the_coroutine_without_another(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turns = _count_turns(loop, monkeypatch)
+
+    async def one_round_trip() -> str:
+        future = loop.create_future()
+        loop.call_soon(future.set_result, "reply")
+        return await future
+
+    async def done_at_once() -> int:
+        return 7
+
+    assert Driver(loop).run(done_at_once()) == 7
+    assert turns == [0]
+    assert Driver(loop).run(one_round_trip()) == "reply"
+    assert turns == [1]  # a Task under run_forever needs 3: first step, the reply, its wake-up
+
+
+def test_cancel_from_another_thread_raises_at_the_await(loop: asyncio.AbstractEventLoop) -> None:
+    waiting = threading.Event()
+    driver = Driver(loop)
+
+    async def cleans_up() -> str:
+        never = loop.create_future()
+        waiting.set()
+        try:
+            await never
+        except asyncio.CancelledError:
+            return f"cancelled; future cancelled too: {never.cancelled()}"
+        return "not cancelled"
+
+    canceller = threading.Thread(target=lambda: (waiting.wait(30), driver.cancel()))
+    canceller.start()
+    assert driver.run(cleans_up()) == "cancelled; future cancelled too: True"
+    canceller.join(30)
+
+
+def test_a_cancel_while_nothing_runs_does_not_reach_the_next_call(loop: asyncio.AbstractEventLoop) -> None:
+    driver = Driver(loop)
+    driver.cancel()
+
+    async def waits() -> str:
+        future = loop.create_future()
+        loop.call_soon(future.set_result, "completed")
+        return await future
+
+    assert driver.run(waits()) == "completed"
+
+
+def test_a_loop_stop_does_not_end_the_drive_early(loop: asyncio.AbstractEventLoop) -> None:
+    async def stops_the_loop() -> str:
+        loop.stop()
+        future = loop.create_future()
+        loop.call_later(0.001, future.set_result, "still running")
+        return await future
+
+    assert Driver(loop).run(stops_the_loop()) == "still running"
+    assert loop._stopping is False  # type: ignore[attr-defined]
+
+
+def test_a_coroutine_awaiting_another_loop_s_future_gets_a_clear_error(loop: asyncio.AbstractEventLoop) -> None:
+    other = asyncio.new_event_loop()
+    try:
+        async def wrong_loop() -> None:
+            await other.create_future()
+
+        with pytest.raises(RuntimeError, match="not a future of its loop"):
+            Driver(loop).run(wrong_loop())
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["stepped", "debug-loop-as-task"])
+def test_a_loop_in_debug_mode_runs_the_coroutine_as_a_task(loop: asyncio.AbstractEventLoop, debug: bool) -> None:
+    loop.set_debug(debug)
+
+    async def which() -> tuple[bool, int]:
+        await asyncio.sleep(0)
+        return asyncio.current_task() is not None, 5
+
+    assert Driver(loop).run(which()) == (debug, 5)
