@@ -70,8 +70,9 @@ class Driver:
         self._loop.call_soon_threadsafe(_nothing)  # the turn under way returns, and sees it
 
     def run(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None = None) -> Any:
-        """Run ``coro`` to completion in a copy of ``context`` (default: the
-        calling thread's) and return its result, or raise its exception."""
+        """Run ``coro`` to completion in ``context`` (a copy the caller made;
+        default: a copy of the calling thread's) and return its result, or
+        raise its exception."""
         loop: Any = self._loop
         self.running = True
         try:
@@ -101,19 +102,19 @@ class Driver:
             if awaited is None:  # a bare yield (asyncio.sleep(0)): let the loop turn once
                 loop.call_soon(_nothing)
                 loop._run_once()
-                continue
-            if not getattr(awaited, "_asyncio_future_blocking", False) or awaited.get_loop() is not loop:
-                error = RuntimeError(f"a blocking asyncdist call awaited {awaited!r}, not a future of its loop")
-                continue
-            awaited._asyncio_future_blocking = False
-            while not awaited.done():
-                loop._run_once()
                 loop._stopping = False  # stop() is for run_forever; this ends with the coroutine
-                if self._cancel_requested:
-                    self._cancel_requested = False
-                    if not awaited.cancel():
-                        error = asyncio.CancelledError()
-                        break
+            elif getattr(awaited, "_asyncio_future_blocking", False) and awaited.get_loop() is loop:
+                awaited._asyncio_future_blocking = False
+                while not awaited.done():
+                    loop._run_once()
+                    loop._stopping = False
+                    if self._cancel_requested and awaited.cancel():  # the coroutine's await raises it
+                        self._cancel_requested = False
+            else:
+                error = RuntimeError(f"a blocking asyncdist call awaited {awaited!r}, not a future of its loop")
+            if self._cancel_requested:  # nothing awaited could take it: raise it at the next step
+                self._cancel_requested = False
+                error = asyncio.CancelledError()
 
     def _run_as_task(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None) -> Any:
         loop = self._loop

@@ -122,6 +122,24 @@ def test_cancel_from_another_thread_raises_at_the_await(loop: asyncio.AbstractEv
     canceller.join(30)
 
 
+def test_cancel_reaches_a_coroutine_that_only_yields(loop: asyncio.AbstractEventLoop) -> None:
+    polling = threading.Event()
+    driver = Driver(loop)
+
+    async def polls() -> str:
+        polling.set()
+        try:
+            while True:
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            return "cancelled while polling"
+
+    canceller = threading.Thread(target=lambda: (polling.wait(30), driver.cancel()))
+    canceller.start()
+    assert driver.run(polls()) == "cancelled while polling"
+    canceller.join(30)
+
+
 def test_a_cancel_while_nothing_runs_does_not_reach_the_next_call(loop: asyncio.AbstractEventLoop) -> None:
     driver = Driver(loop)
     driver.cancel()
