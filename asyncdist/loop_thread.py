@@ -43,9 +43,9 @@ current CUDA streams, when a GPU library is in use
 after the work queued on the *calling* thread's stream.
 
 Ctrl-C during a call that runs the loop in the main thread cancels that
-call's task (the operation fails on the other ranks with an ABORT, as for
-any cancellation) and then raises ``KeyboardInterrupt``; it never lands in
-the middle of a loop callback (see :class:`_MainThreadInterrupts`).
+call's coroutine (the operation fails on the other ranks with an ABORT, as
+for any cancellation) and then raises ``KeyboardInterrupt``; it never lands
+in the middle of a loop callback (see :class:`_MainThreadInterrupts`).
 """
 
 from __future__ import annotations
