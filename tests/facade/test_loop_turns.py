@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Coroutine, Iterator
 
 import pytest
 
@@ -103,40 +103,38 @@ def test_a_future_completed_in_a_turn_resumes_the_coroutine_without_another(
     assert turns == [1]  # a Task under run_forever needs 3: first step, the reply, its wake-up
 
 
-def test_cancel_from_another_thread_raises_at_the_await(loop: asyncio.AbstractEventLoop) -> None:
-    waiting = threading.Event()
+async def _awaits_a_future_forever(started: threading.Event) -> str:
+    never = asyncio.get_running_loop().create_future()
+    started.set()
+    try:
+        await never
+    except asyncio.CancelledError:
+        return f"cancelled; future cancelled too: {never.cancelled()}"
+    return "not cancelled"
+
+
+async def _only_yields(started: threading.Event) -> str:
+    started.set()
+    try:
+        while True:
+            await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        return "cancelled while polling"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [(_awaits_a_future_forever, "cancelled; future cancelled too: True"), (_only_yields, "cancelled while polling")],
+    ids=["awaiting-a-future", "only-yielding"],
+)
+def test_cancel_from_another_thread_raises_at_the_coroutine_s_await(
+    loop: asyncio.AbstractEventLoop, body: Callable[[threading.Event], Coroutine[Any, Any, str]], expected: str
+) -> None:
+    started = threading.Event()
     driver = Driver(loop)
-
-    async def cleans_up() -> str:
-        never = loop.create_future()
-        waiting.set()
-        try:
-            await never
-        except asyncio.CancelledError:
-            return f"cancelled; future cancelled too: {never.cancelled()}"
-        return "not cancelled"
-
-    canceller = threading.Thread(target=lambda: (waiting.wait(30), driver.cancel()))
+    canceller = threading.Thread(target=lambda: (started.wait(30), driver.cancel()))
     canceller.start()
-    assert driver.run(cleans_up()) == "cancelled; future cancelled too: True"
-    canceller.join(30)
-
-
-def test_cancel_reaches_a_coroutine_that_only_yields(loop: asyncio.AbstractEventLoop) -> None:
-    polling = threading.Event()
-    driver = Driver(loop)
-
-    async def polls() -> str:
-        polling.set()
-        try:
-            while True:
-                await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            return "cancelled while polling"
-
-    canceller = threading.Thread(target=lambda: (polling.wait(30), driver.cancel()))
-    canceller.start()
-    assert driver.run(polls()) == "cancelled while polling"
+    assert driver.run(body(started)) == expected
     canceller.join(30)
 
 
