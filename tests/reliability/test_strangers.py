@@ -60,7 +60,10 @@ def _talk(address: tuple[str, int], first: bytes, auth_mac: bytes | None = None,
             assert challenge["type"] == "CHALLENGE"
             sock.sendall(encode_message({"type": "AUTH", "mac": auth_mac}))
         if close:
-            sock.shutdown(socket.SHUT_WR)
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:  # the rank refused before we finished: nothing left to read
+                return b""
         reply = b""
         try:
             while chunk := sock.recv(4096):
