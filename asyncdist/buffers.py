@@ -34,6 +34,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -84,6 +85,10 @@ ITEMSIZES: Mapping[str, int] = MappingProxyType(
     }
 )  # fmt: skip
 """Canonical dtype name -> bytes per element, for every name that may travel."""
+
+# NumPy dtype -> canonical name, for the native byte order only (a swapped
+# dtype compares unequal, so it is not found).
+_NUMPY_NAMES = {np.dtype(name): name for name in _NUMPY_ITEMSIZES}
 
 
 @dataclass(slots=True, frozen=True, eq=False)
@@ -163,6 +168,7 @@ def as_host_buffer(obj: Any, *, writable: bool = False, name: str = "tensor") ->
     return _from_buffer_protocol(obj, writable=writable, name=name)
 
 
+@functools.lru_cache(maxsize=1024)  # every collective call describes its buffer
 def signature(dtype: str, shape: tuple[int, ...]) -> str:
     """The compact form of a dtype and shape, as collectives describe their calls.
 
@@ -236,28 +242,34 @@ def numpy_view(buf: HostBuffer) -> np.ndarray | None:
 
 
 def _from_torch(t: Any, *, writable: bool, name: str) -> HostBuffer:
+    # A small tensor's operation pays for every check here: each is in its
+    # cheapest form, and the error message is built only on an error.
     torch = torch_or_none()
     assert torch is not None  # a tensor exists, so torch is imported
-    what = f"{t.dtype} tensor of shape {tuple(t.shape)}"
     dtype = str(t.dtype).removeprefix("torch.")
     problem = _torch_problem(t, torch)
     if problem is None and dtype not in ITEMSIZES:
         problem = "has a dtype asyncdist does not know"
     if problem is not None:
-        raise UnsupportedBufferError(f"{name} ({what}) {problem}")
+        raise UnsupportedBufferError(f"{name} ({_tensor_what(t)}) {problem}")
     if not t.is_contiguous():
-        raise _not_contiguous(f"{name} is a {what} with stride {t.stride()}")
+        raise _not_contiguous(f"{name} is a {_tensor_what(t)} with stride {t.stride()}")
     if t.numel() == 0:
         # Nothing to alias, and torch gives some empty tensors a stride of 0
         # (torch.from_numpy of an empty array), which .view(torch.uint8) refuses.
         return _host_buffer(memoryview(bytearray()), dtype, tuple(t.shape), writable)
     try:
-        # Works for every dtype, bfloat16 and float8 included, where t.numpy()
-        # does not; for a contiguous tensor each step is a view.
-        flat = t.detach().reshape(-1).view(torch.uint8).numpy()
+        if dtype in _NUMPY_ITEMSIZES:  # the quick view, where NumPy has the dtype
+            flat = (t.detach() if t.requires_grad else t).numpy()
+        else:  # every dtype, bfloat16 and float8 included; each step is a view
+            flat = t.detach().reshape(-1).view(torch.uint8).numpy()
     except (RuntimeError, TypeError) as exc:  # exotic subclasses without storage
-        raise UnsupportedBufferError(f"{name} ({what}) has no CPU memory to view: {exc}") from exc
-    return _host_buffer(memoryview(flat), dtype, tuple(t.shape), writable)
+        raise UnsupportedBufferError(f"{name} ({_tensor_what(t)}) has no CPU memory to view: {exc}") from exc
+    return _host_buffer(_bytes_of(flat), dtype, tuple(t.shape), writable)
+
+
+def _tensor_what(t: Any) -> str:
+    return f"{t.dtype} tensor of shape {tuple(t.shape)}"
 
 
 def _torch_problem(t: Any, torch: Any) -> str | None:
@@ -268,14 +280,14 @@ def _torch_problem(t: Any, torch: Any) -> str | None:
     through pinned host memory first (or hands them to NCCL), and checks
     their layout with :func:`torch_layout_problem`.
     """
+    if t.is_cpu:  # the quick test (t.device builds an object)
+        return torch_layout_problem(t, torch)
     if t.device.type == "cuda":
         return (
             f"is on device {t.device}; a group's operations take CUDA tensors directly "
             "(asyncdist.gpu stages them), but this call needs host memory (move it with .cpu())"
         )
-    if t.device.type != "cpu":
-        return f"is on device {t.device}; only CPU and CUDA tensors are supported (move it with .cpu())"
-    return torch_layout_problem(t, torch)
+    return f"is on device {t.device}; only CPU and CUDA tensors are supported (move it with .cpu())"
 
 
 def torch_layout_problem(t: Any, torch: Any) -> str | None:
@@ -296,18 +308,22 @@ def torch_layout_problem(t: Any, torch: Any) -> str | None:
 
 
 def _from_numpy(a: np.ndarray | np.generic, *, writable: bool, name: str) -> HostBuffer:
-    kind = "array" if isinstance(a, np.ndarray) else "scalar"
-    what = f"{a.dtype} NumPy {kind} of shape {a.shape}"
-    if a.dtype.name not in _NUMPY_ITEMSIZES or not a.dtype.isnative:
+    dtype = _NUMPY_NAMES.get(a.dtype)  # one lookup: numpy's dtype.name costs 5 us
+    if dtype is None:
         raise UnsupportedBufferError(
-            f"{name} ({what}) has a dtype asyncdist cannot send; supported are "
+            f"{name} ({_numpy_what(a)}) has a dtype asyncdist cannot send; supported are "
             f"{', '.join(_NUMPY_ITEMSIZES)}, in native byte order"
         )
     if not a.flags.c_contiguous:
-        raise _not_contiguous(f"{name} is a {what} with byte strides {a.strides}")
+        raise _not_contiguous(f"{name} is a {_numpy_what(a)} with byte strides {a.strides}")
     if writable and not a.flags.writeable:
-        raise _read_only(name, what)
-    return _host_buffer(_bytes_of(a), a.dtype.name, a.shape, writable)
+        raise _read_only(name, _numpy_what(a))
+    return _host_buffer(_bytes_of(a), dtype, a.shape, writable)
+
+
+def _numpy_what(a: np.ndarray | np.generic) -> str:
+    kind = "array" if isinstance(a, np.ndarray) else "scalar"
+    return f"{a.dtype} NumPy {kind} of shape {a.shape}"
 
 
 def _from_buffer_protocol(obj: Any, *, writable: bool, name: str) -> HostBuffer:
@@ -332,10 +348,13 @@ def _from_buffer_protocol(obj: Any, *, writable: bool, name: str) -> HostBuffer:
 
 
 def _bytes_of(obj: Any) -> memoryview:
-    # np.frombuffer takes any C-contiguous buffer whatever its format and shape
-    # (including empty N-d ones, which memoryview.cast refuses) and stays
-    # writable when the buffer is; the uint8 array's memoryview is 1-D "B".
-    return memoryview(np.frombuffer(obj, dtype=np.uint8))
+    """``obj``'s C-contiguous memory as a 1-D ``"B"`` memoryview (writable when ``obj`` is)."""
+    try:
+        return memoryview(obj).cast("B")
+    except TypeError:
+        # An empty N-d buffer, which cast refuses; np.frombuffer takes any
+        # C-contiguous buffer whatever its format and shape.
+        return memoryview(np.frombuffer(obj, dtype=np.uint8))
 
 
 def _host_buffer(

@@ -271,20 +271,6 @@ class LoopThread:
 
     # -- running work ---------------------------------------------------------
 
-    def _run_here(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coro`` to completion on the loop, in this thread (which owns it)."""
-        try:
-            result = self._driver.run(coro, caller_context())
-        except asyncio.CancelledError:
-            if not self._interrupted:
-                raise
-        finally:
-            interrupted, self._interrupted = self._interrupted, False
-            self._release()
-        if interrupted:
-            raise KeyboardInterrupt
-        return result
-
     def _hand_over(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the loop in whichever thread runs it, and wait here."""
         slot = _Slot()
@@ -317,8 +303,18 @@ class LoopThread:
                 free = self._owner is None and not self._stopping
                 if free:
                     self._owner = threading.get_ident()
-            if free:
-                return self._run_here(coro)
+            if free:  # run it here (inline: a call costs on this path)
+                try:
+                    result = self._driver.run(coro, caller_context())
+                except asyncio.CancelledError:
+                    if not self._interrupted:
+                        raise
+                finally:
+                    interrupted, self._interrupted = self._interrupted, False
+                    self._release()
+                if interrupted:
+                    raise KeyboardInterrupt
+                return result
         elif running is self.loop:
             coro.close()
             raise WrongThreadError(

@@ -33,7 +33,7 @@ import contextvars
 import sys
 import threading
 from asyncio import events
-from typing import Any, Callable, Coroutine
+from typing import Any, Coroutine
 
 __all__ = ["Driver"]
 
@@ -74,50 +74,47 @@ class Driver:
         default: a copy of the calling thread's) and return its result, or
         raise its exception."""
         loop: Any = self._loop
+        if not self._steps or loop._debug:  # debug: the loop's iteration times callbacks
+            return self._run_as_task(coro, context)
+        run = (context or contextvars.copy_context()).run
+        hooks = sys.get_asyncgen_hooks()
+        loop._thread_id = threading.get_ident()  # marked running in this thread, as run_forever does
+        sys.set_asyncgen_hooks(loop._asyncgen_firstiter_hook, loop._asyncgen_finalizer_hook)
+        events._set_running_loop(loop)
         self.running = True
+        error: BaseException | None = None
         try:
-            if not self._steps or loop._debug:  # debug: the loop's iteration times callbacks
-                return self._run_as_task(coro, context)
-            hooks = sys.get_asyncgen_hooks()
-            loop._thread_id = threading.get_ident()  # marked running in this thread, as run_forever does
-            sys.set_asyncgen_hooks(loop._asyncgen_firstiter_hook, loop._asyncgen_finalizer_hook)
-            events._set_running_loop(loop)
-            try:
-                return self._step_until_done(loop, coro, (context or contextvars.copy_context()).run)
-            finally:
-                events._set_running_loop(None)
-                loop._thread_id = None
-                sys.set_asyncgen_hooks(*hooks)
+            while True:  # one step of the coroutine each, as a Task's (inline: a call costs here)
+                try:
+                    awaited = run(coro.send, None) if error is None else run(coro.throw, error)
+                except StopIteration as done:
+                    return done.value
+                error = None
+                if awaited is None:  # a bare yield (asyncio.sleep(0)): let the loop turn once
+                    loop.call_soon(_nothing)
+                    loop._run_once()
+                    loop._stopping = False  # stop() is for run_forever; this ends with the coroutine
+                elif getattr(awaited, "_asyncio_future_blocking", False) and awaited.get_loop() is loop:
+                    awaited._asyncio_future_blocking = False
+                    while not awaited.done():
+                        loop._run_once()
+                        loop._stopping = False
+                        if self._cancel_requested and awaited.cancel():  # the coroutine's await raises it
+                            self._cancel_requested = False
+                else:
+                    error = RuntimeError(f"a blocking asyncdist call awaited {awaited!r}, not a future of its loop")
+                if self._cancel_requested:  # nothing awaited could take it: raise it at the next step
+                    self._cancel_requested = False
+                    error = asyncio.CancelledError()
         finally:
             self.running = self._cancel_requested = False
-
-    def _step_until_done(self, loop: Any, coro: Coroutine[Any, Any, Any], run: Callable[..., Any]) -> Any:
-        error: BaseException | None = None
-        while True:
-            try:
-                awaited = run(coro.send, None) if error is None else run(coro.throw, error)
-            except StopIteration as done:
-                return done.value
-            error = None
-            if awaited is None:  # a bare yield (asyncio.sleep(0)): let the loop turn once
-                loop.call_soon(_nothing)
-                loop._run_once()
-                loop._stopping = False  # stop() is for run_forever; this ends with the coroutine
-            elif getattr(awaited, "_asyncio_future_blocking", False) and awaited.get_loop() is loop:
-                awaited._asyncio_future_blocking = False
-                while not awaited.done():
-                    loop._run_once()
-                    loop._stopping = False
-                    if self._cancel_requested and awaited.cancel():  # the coroutine's await raises it
-                        self._cancel_requested = False
-            else:
-                error = RuntimeError(f"a blocking asyncdist call awaited {awaited!r}, not a future of its loop")
-            if self._cancel_requested:  # nothing awaited could take it: raise it at the next step
-                self._cancel_requested = False
-                error = asyncio.CancelledError()
+            events._set_running_loop(None)
+            loop._thread_id = None
+            sys.set_asyncgen_hooks(*hooks)
 
     def _run_as_task(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None) -> Any:
         loop = self._loop
+        self.running = True
         task = self._task = loop.create_task(coro, context=context)
         try:
             if self._cancel_requested:
@@ -128,6 +125,7 @@ class Driver:
             return task.result()
         finally:
             self._task = None
+            self.running = self._cancel_requested = False
 
 
 def _nothing() -> None:

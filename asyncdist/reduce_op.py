@@ -209,8 +209,11 @@ def op_name(op: Any) -> str:
         ('sum', 'premul_sum(0.25)')
     """
     kind, factor = _resolve(op)
-    name = kind.name.lower()
+    name = _LOWER_NAMES[kind]
     return name if factor is None else f"{name}({factor!r})"
+
+
+_LOWER_NAMES = {kind: kind.name.lower() for kind in RedOpType}  # enum's .name is slow per call
 
 
 def _resolve(op: Any) -> tuple[RedOpType, Factor | None]:
@@ -289,12 +292,14 @@ def check_op(op: Any, dtype: str) -> None:
             factor on a real dtype, and a torch-only dtype without torch.
     """
     kind, factor = _resolve(op)
-    what = f"ReduceOp.{kind.name} is not defined for dtype {dtype}"
     dtype_kind = _KINDS.get(dtype)
+    allowed, why = _RULES[kind]
+    if dtype_kind in allowed and kind is not RedOpType.PREMUL_SUM and dtype not in _TORCH_ONLY:
+        return  # the common case, decided without building the message below
+    what = f"ReduceOp.{kind.name} is not defined for dtype {dtype}"
     if dtype_kind is None:
         known = "it has no arithmetic" if dtype in ITEMSIZES else "asyncdist does not know it"
         raise InvalidArgumentError(f"{what}: {known}")
-    allowed, why = _RULES[kind]
     if dtype_kind not in allowed:
         raise InvalidArgumentError(f"{what}: {why}")
     if kind is RedOpType.PREMUL_SUM:

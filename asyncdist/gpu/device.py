@@ -203,5 +203,12 @@ _HOST_TYPES = frozenset({np.ndarray, bytes, bytearray, memoryview, int, float, t
 
 
 def live_adapters() -> list[DeviceAdapter]:
-    """The adapters whose library is in use in this process (built on demand)."""
-    return [entry.get() for entry in _ENTRIES if entry.live()]
+    """The adapters whose library is in use in this process (built on demand).
+
+    Every blocking call asks (:func:`~asyncdist.gpu.callers.caller_context`),
+    so this is a plain loop: no comprehension's frame."""
+    live = []
+    for entry in _ENTRIES:
+        if entry.live():
+            live.append(entry.get())
+    return live
