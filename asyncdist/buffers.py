@@ -89,6 +89,7 @@ ITEMSIZES: Mapping[str, int] = MappingProxyType(
 # NumPy dtype -> canonical name, for the native byte order only (a swapped
 # dtype compares unequal, so it is not found).
 _NUMPY_NAMES = {np.dtype(name): name for name in _NUMPY_ITEMSIZES}
+_NUMPY_DTYPES = {name: dtype for dtype, name in _NUMPY_NAMES.items()}
 
 
 @dataclass(slots=True, frozen=True, eq=False)
@@ -226,16 +227,22 @@ def check_fits(
         )
 
 
-def numpy_view(buf: HostBuffer) -> np.ndarray | None:
+def numpy_view(buf: HostBuffer, *, flat: bool = False) -> np.ndarray | None:
     """A NumPy array of ``buf``'s dtype and shape over the same memory.
+
+    Args:
+        flat: give the array 1-D (what element-wise kernels want) instead of
+            ``buf``'s shape.
 
     Returns:
         The array (writable exactly when ``buf.view`` is), or ``None`` for
         dtypes NumPy lacks (bfloat16, complex32, the float8 family, ...).
     """
-    if buf.dtype not in _NUMPY_ITEMSIZES:
+    dtype = _NUMPY_DTYPES.get(buf.dtype)
+    if dtype is None:
         return None
-    return np.frombuffer(buf.view, dtype=np.dtype(buf.dtype)).reshape(buf.shape)
+    array = np.frombuffer(buf.view, dtype=dtype)
+    return array if flat else array.reshape(buf.shape)
 
 
 # -- adapters ----------------------------------------------------------------

@@ -115,7 +115,7 @@ def prepare(op: Any, buf: HostBuffer) -> None:
         return
     assert factor is not None, _NO_FACTOR
     assert not buf.view.readonly, "prepare needs a writable buffer"
-    a = _numpy_flat(buf)
+    a = numpy_view(buf, flat=True)
     if a is not None:
         with np.errstate(all="ignore"):
             np.multiply(a, a.dtype.type(factor), out=a)  # the factor in the dtype, as NCCL
@@ -141,10 +141,10 @@ def combine(op: Any, acc: HostBuffer, other: HostBuffer) -> None:
     kind = op_type(op)
     if acc.nbytes == 0:
         return
-    a = _numpy_flat(acc)
+    a = numpy_view(acc, flat=True)
     if a is not None:
         with np.errstate(all="ignore"):
-            _UFUNCS[kind](a, _numpy_flat(other), out=a)
+            _UFUNCS[kind](a, numpy_view(other, flat=True), out=a)
         return
     torch = torch_or_none()
     assert torch is not None
@@ -171,7 +171,7 @@ def finish(op: Any, acc: HostBuffer, world_size: int) -> None:
     if op_type(op) is not RedOpType.AVG or acc.nbytes == 0:
         return
     assert world_size >= 1 and not acc.view.readonly
-    a = _numpy_flat(acc)
+    a = numpy_view(acc, flat=True)
     if a is not None:
         # float16 divides in float32 and rounds once, as torch's div_ does;
         # NumPy's default would round world_size to float16 (2049 -> 2048).
@@ -183,11 +183,6 @@ def finish(op: Any, acc: HostBuffer, world_size: int) -> None:
 
 
 # -- helpers -------------------------------------------------------------------
-
-
-def _numpy_flat(buf: HostBuffer) -> np.ndarray | None:
-    a = numpy_view(buf)
-    return None if a is None else a.reshape(-1)
 
 
 def _factor_in(dtype: str, factor: Factor) -> Factor:

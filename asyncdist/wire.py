@@ -133,10 +133,6 @@ def encode_header(header: Header) -> bytes:
     return PREFIX.pack(len(body)) + body
 
 
-def _is_int(value: object) -> bool:
-    return type(value) is int
-
-
 def decode_header(body: bytes | memoryview, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Header:
     """Parse and validate a header body (without its length prefix).
 
@@ -161,12 +157,14 @@ def decode_header(body: bytes | memoryview, max_payload: int = DEFAULT_MAX_PAYLO
     if not isinstance(fields, list) or len(fields) != _HEADER_FIELDS:
         raise ProtocolError(f"malformed frame header: expected {_HEADER_FIELDS} fields, got {fields!r:.200}")
     kind, ctx, src, tag, seq, dtype, shape, nbytes, op, addr = fields
-    if not all(_is_int(v) for v in (kind, ctx, src, tag, seq, nbytes, addr)):
+    # Chained comparisons, not all(...) over a generator: every frame is parsed here.
+    if not type(kind) is type(ctx) is type(src) is type(tag) is type(seq) is type(nbytes) is type(addr) is int:
         raise ProtocolError(f"malformed frame header: non-integer field in {fields!r:.200}")
     if not isinstance(dtype, str) or not isinstance(op, str) or not isinstance(shape, list):
         raise ProtocolError(f"malformed frame header: wrong field types in {fields!r:.200}")
-    if not all(_is_int(d) and d >= 0 for d in shape):
-        raise ProtocolError(f"malformed frame header: bad shape {shape!r:.200}")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise ProtocolError(f"malformed frame header: bad shape {shape!r:.200}")
     if src < 0 or ctx < 0 or nbytes < 0 or seq < 0 or addr < 0:
         raise ProtocolError(f"malformed frame header: negative field in {fields!r:.200}")
     if kind not in _KINDS:

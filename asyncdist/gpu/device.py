@@ -35,6 +35,7 @@ from typing import Any, Callable, ContextManager, Hashable, Iterable, Protocol, 
 import numpy as np
 
 from .._torch import is_torch_tensor
+from ..reduce_op import RedOpType, ReduceOp
 
 __all__ = ["DeviceAdapter", "register_adapter", "unregister_adapter", "adapter_for", "any_device", "live_adapters"]
 
@@ -198,8 +199,11 @@ def any_device(values: Iterable[Any]) -> bool:
     return False
 
 
-# Types that are never device arrays (checked by exact type: subclasses ask the adapters).
-_HOST_TYPES = frozenset({np.ndarray, bytes, bytearray, memoryview, int, float, type(None)})
+# Types that are never device arrays (checked by exact type: subclasses ask the
+# adapters), among them the arguments that travel with arrays: ranks, tags, ops.
+_HOST_TYPES = frozenset(
+    {np.ndarray, bytes, bytearray, memoryview, int, float, str, type(None), RedOpType, ReduceOp}
+)
 
 
 def live_adapters() -> list[DeviceAdapter]:
