@@ -281,6 +281,11 @@ def test_numpy_any_shape(dtype, shape):
     assert (buf.shape, buf.nbytes, buf.numel) == (shape, a.nbytes, a.size)
     typed = numpy_view(buf)
     assert (typed.dtype, typed.shape, typed.tobytes()) == (a.dtype, shape, a.tobytes())
+    flat = numpy_view(buf, flat=True)
+    assert (flat.dtype, flat.shape, flat.flags.writeable) == (a.dtype, (a.size,), True)
+    assert np.array_equal(flat, a.reshape(-1), equal_nan=a.dtype.kind in "fc")
+    if a.size:
+        assert np.shares_memory(flat, a)
 
 
 def test_numpy_scalar_is_a_read_only_0d_buffer():

@@ -9,6 +9,8 @@ import pytest
 
 from asyncdist.buffers import ITEMSIZES, as_host_buffer
 from asyncdist.errors import DeviceError, InvalidArgumentError
+from asyncdist.reduce_op import ReduceOp, make_premul_sum
+from asyncdist.gpu.device import any_device, register_adapter, unregister_adapter
 from asyncdist.gpu.nccl import _id_bytes, _id_tuple
 from asyncdist.gpu.staging import device_errors
 
@@ -70,3 +72,20 @@ def test_nccl_unique_id_survives_the_store():
     raw = _id_bytes(unique_id)
     assert isinstance(raw, bytes) and len(raw) == 128
     assert _id_tuple(raw) == unique_id
+
+
+def test_plain_arguments_are_not_offered_to_the_adapters():
+    # Every operation asks whether its arguments are device arrays; arrays of
+    # the host, ranks, tags and reduce ops are answered without the adapters.
+    asked = []
+    adapter = object()
+    register_adapter(lambda obj: asked.append(obj) or False, adapter)  # type: ignore[arg-type]
+    try:
+        plain = (np.zeros(2), ReduceOp.SUM, make_premul_sum(0.5), "x", 3, 1.5, None, b"x", [np.ones(1), 2])
+        assert not any_device(plain)
+        assert asked == []
+        other = object()
+        assert not any_device((other,))
+        assert asked == [other]
+    finally:
+        unregister_adapter(adapter)  # type: ignore[arg-type]
