@@ -294,20 +294,22 @@ def check_op(op: Any, dtype: str) -> None:
     kind, factor = _resolve(op)
     dtype_kind = _KINDS.get(dtype)
     allowed, why = _RULES[kind]
-    if dtype_kind in allowed and kind is not RedOpType.PREMUL_SUM and dtype not in _TORCH_ONLY:
-        return  # the common case, decided without building the message below
-    what = f"ReduceOp.{kind.name} is not defined for dtype {dtype}"
     if dtype_kind is None:
         known = "it has no arithmetic" if dtype in ITEMSIZES else "asyncdist does not know it"
-        raise InvalidArgumentError(f"{what}: {known}")
+        raise InvalidArgumentError(f"{_undefined(kind, dtype)}: {known}")
     if dtype_kind not in allowed:
-        raise InvalidArgumentError(f"{what}: {why}")
+        raise InvalidArgumentError(f"{_undefined(kind, dtype)}: {why}")
     if kind is RedOpType.PREMUL_SUM:
         if factor is None:
             raise InvalidArgumentError(_NO_FACTOR)
         if isinstance(factor, complex) and dtype_kind is not _COMPLEX:
             raise InvalidArgumentError(
-                f"{what} with the complex factor {factor!r}: a complex factor needs a complex dtype"
+                f"{_undefined(kind, dtype)} with the complex factor {factor!r}: a complex factor needs a complex dtype"
             )
     if dtype in _TORCH_ONLY and torch_or_none() is None:
-        raise InvalidArgumentError(f"{what} without torch: reducing {dtype} needs torch installed")
+        raise InvalidArgumentError(f"{_undefined(kind, dtype)} without torch: reducing {dtype} needs torch installed")
+
+
+def _undefined(kind: RedOpType, dtype: str) -> str:
+    """The start of check_op's messages (built only for an error: every call checks)."""
+    return f"ReduceOp.{kind.name} is not defined for dtype {dtype}"
