@@ -202,10 +202,13 @@ class LoopThread:
         global _stop_at_exit_registered_in
         self.loop = new_event_loop(default="asyncio")
         self._caller_runs = os.environ.get(CALLER_RUNS_ENV, "1") != "0"
-        # Who runs the loop, and who needs it run; all guarded by _lock.
+        # Who runs the loop: the thread holding _running_here, recorded in
+        # _owner. Who needs it run: _demand and _released_at, guarded by _lock,
+        # which the daemon waits on (_changed).
+        self._running_here = threading.Lock()
+        self._owner: int | None = None  # ident of the thread running the loop now
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._owner: int | None = None  # ident of the thread running the loop now
         self._demand = 0  # started operations and handed-over calls not yet done
         self._released_at = time.monotonic()
         self._stopping = False
@@ -228,32 +231,38 @@ class LoopThread:
             try:
                 self.loop.run_forever()
             finally:
-                with self._lock:
-                    self._owner = None
-                    self._released_at = time.monotonic()
+                self._release()
 
     def _take_when_needed(self, me: int) -> bool:
         """Daemon: wait until the loop must run here, and take it; False once stopping."""
         with self._lock:
             while not self._stopping:
-                if self._owner is None:
-                    idle = time.monotonic() - self._released_at
-                    if self._demand or idle >= IDLE_GRACE or not self._caller_runs:
+                idle = time.monotonic() - self._released_at
+                if self._demand or idle >= IDLE_GRACE or not self._caller_runs:
+                    if self._running_here.acquire(blocking=False):
                         self._owner = me
                         return True
-                    self._changed.wait(IDLE_GRACE - idle)
-                else:  # a caller runs it: look again later (a wake-up per call would cost more)
+                    # a caller runs it: look again later (a wake-up per call would cost more)
                     self._changed.wait(IDLE_GRACE)
+                else:
+                    self._changed.wait(IDLE_GRACE - idle)
             return False
 
     # -- who runs the loop ---------------------------------------------------
 
     def _release(self) -> None:
-        """The calling thread lets go of the loop; the daemon takes it if work is left."""
-        with self._lock:
-            self._owner = None
-            self._released_at = time.monotonic()
-            if self._demand or self._stopping:
+        """The running thread lets go of the loop; the daemon takes it if work is left.
+
+        Without ``_lock``: a caller pays for it only when the daemon must
+        be told. The daemon tries to take the loop and starts to wait under
+        ``_lock``, and the notice is given under it after the release, so
+        the daemon either sees the loop free or is woken.
+        """
+        self._owner = None
+        self._released_at = time.monotonic()
+        self._running_here.release()
+        if self._demand or self._stopping:
+            with self._lock:
                 self._changed.notify_all()
 
     def _add_demand(self) -> None:
@@ -298,24 +307,24 @@ class LoopThread:
             WrongThreadError: called from a coroutine running on this loop.
         """
         running = asyncio._get_running_loop()
-        if running is None and self._caller_runs:  # take the loop if it is free
-            with self._lock:
-                free = self._owner is None and not self._stopping
-                if free:
-                    self._owner = threading.get_ident()
-            if free:  # run it here (inline: a call costs on this path)
-                try:
-                    result = self._driver.run(coro, caller_context())
-                except asyncio.CancelledError:
-                    if not self._interrupted:
-                        raise
-                finally:
-                    interrupted, self._interrupted = self._interrupted, False
-                    self._release()
-                if interrupted:
-                    raise KeyboardInterrupt
-                return result
-        elif running is self.loop:
+        if running is None and self._caller_runs and self._running_here.acquire(blocking=False):
+            # the loop is free: run it here (inline: a call costs on this path)
+            self._owner = threading.get_ident()  # before the check: stop() waits for an owner it sees
+            if self._stopping:
+                self._release()
+                return self._hand_over(coro)
+            try:
+                result = self._driver.run(coro, caller_context())
+            except asyncio.CancelledError:
+                if not self._interrupted:
+                    raise
+            finally:
+                interrupted, self._interrupted = self._interrupted, False
+                self._release()
+            if interrupted:
+                raise KeyboardInterrupt
+            return result
+        if running is self.loop:
             coro.close()
             raise WrongThreadError(
                 f"{what} is a blocking call and was made on asyncdist's event loop thread; "
