@@ -274,7 +274,10 @@ async def test_a_stranger_on_the_port_is_refused_and_the_rank_carries_on() -> No
     def knock(address, junk: bytes) -> bytes:
         with socket.create_connection(address) as stranger:
             stranger.sendall(junk)
-            stranger.shutdown(socket.SHUT_WR)
+            try:
+                stranger.shutdown(socket.SHUT_WR)
+            except OSError:  # the rank refused before we finished: nothing left to read
+                return b""
             reply = b""
             try:
                 while chunk := stranger.recv(1024):  # until the rank closes it

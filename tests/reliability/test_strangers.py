@@ -220,7 +220,8 @@ async def test_a_rank_that_breaks_the_wire_protocol_is_dropped_alone(name: str, 
             waiting = zero.irecv(np.zeros(1), 2, tag=99)  # depends on rank 2; matches none of its frames
             loop = asyncio.get_running_loop()
             await loop.sock_sendall(to_zero, junk)
-            to_zero.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(OSError):  # rank 0 may have dropped us already
+                to_zero.shutdown(socket.SHUT_WR)
             with pytest.raises(PeerLostError, match=reason) as info:
                 await asyncio.wait_for(waiting, 10)
             assert info.value.rank == 2
