@@ -212,8 +212,7 @@ def _group(group: ProcessGroup | int | None) -> ProcessGroup:
     """The group a facade call works on: the world for None, a non-member
     stand-in (``rank == -1``) for ``NON_GROUP_MEMBER``."""
     if group is None:
-        world = _runtime.world
-        return world if world is not None else _world()  # _world() raises the error
+        return _world()
     if type(group) is int and group == NON_GROUP_MEMBER:
         _world()
         return _NOT_A_MEMBER  # type: ignore[return-value]

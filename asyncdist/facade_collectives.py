@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any, Callable, Coroutine, Sequence
 
 from .errors import InvalidArgumentError, OperationTimeoutError
-from .facade import _group, _group_peer, _runtime
+from .facade import _group, _group_peer, _portal
 from .process_group import ProcessGroup
 from .work import Work
 
@@ -70,8 +70,7 @@ def _submit(
     g = _group(group)
     if g.rank < 0:
         return None
-    portal = _runtime.portal  # set with the world, which _group found
-    assert portal is not None
+    portal = _portal()
     if not async_op:  # one round trip to the loop thread: start, run and wait together
         return portal.run(operation(g), what=f"{what}()")
 
