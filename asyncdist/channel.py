@@ -27,7 +27,7 @@ from .abort import is_relayed
 from .buffers import HostBuffer
 from .engine import Engine
 from .errors import AsyncDistError, OperationTimeoutError
-from .matching import PostedRecv
+from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
 from .wire import Header, Kind
 
@@ -139,6 +139,13 @@ class Channel:
         """The call's deadline passed: name it and every peer it still waits on."""
         return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self._timeout, self.awaited()))
 
+    def by_memory(self, peer: int, *, sending: bool) -> bool:
+        """Whether large payloads sent to (``sending``) or received from group
+        rank ``peer`` go by memory (:mod:`asyncdist.transport.cma`). Both ends of
+        a link learn the same answer in their handshake, so an algorithm may
+        choose its message sizes by it."""
+        return self._engine.by_memory(self._ranks[peer], sending=sending)
+
     def start_send(self, buf: HostBuffer, peer: int) -> asyncio.Future | None:
         """Start sending ``buf`` to group rank ``peer``; None if already sent."""
         engine = self._engine
@@ -148,9 +155,10 @@ class Channel:
             self._sending[future] = peer
         return future
 
-    def start_recv(self, buf: HostBuffer, peer: int) -> PostedRecv:
-        """Post a receive into ``buf`` from group rank ``peer``."""
-        recv = self._engine.post_recv(self._ctx, self._ranks[peer], self.seq, buf, self._members, op=self.op)
+    def start_recv(self, buf: HostBuffer, peer: int, fold: Fold | None = None) -> PostedRecv:
+        """Post a receive into ``buf`` from group rank ``peer``; with ``fold``,
+        one that combines the message into ``buf`` (:func:`asyncdist.ops.folder`)."""
+        recv = self._engine.post_recv(self._ctx, self._ranks[peer], self.seq, buf, self._members, op=self.op, fold=fold)
         self._receiving[recv] = peer
         return recv
 

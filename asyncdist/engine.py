@@ -43,7 +43,7 @@ from .errors import (
 )
 from .handshake import Identity, PeerAccess
 from .losses import Losses
-from .matching import Inbound, Matcher, PostedRecv, misfit
+from .matching import Fold, Inbound, Matcher, PostedRecv, misfit
 from .scratch import pool
 from .transport.heartbeat import Heartbeat, HeartbeatConfig
 from .transport.mesh import Mesh
@@ -63,12 +63,13 @@ _MAX_ABORTED_CALLS = 4096
 class _PeerSink:
     """Routes one connection's decoded frames into the engine."""
 
-    __slots__ = ("engine", "rank", "current")
+    __slots__ = ("engine", "rank", "current", "staged")
 
     def __init__(self, engine: Engine, rank: int) -> None:
         self.engine = engine
         self.rank = rank
         self.current: PostedRecv | Inbound | None = None  # the payload being read
+        self.staged: np.ndarray | None = None  # where it is read, for a folding receive
 
     def payload_buffer(self, header: Header) -> memoryview:
         return self.engine._start_payload(self, header)
@@ -195,17 +196,20 @@ class Engine:
         buf: HostBuffer,
         sources: frozenset[int] = frozenset(),
         op: str | None = None,
+        fold: Fold | None = None,
     ) -> PostedRecv:
         """Start a receive; its ``future`` resolves to the matched message's Header.
 
         ``src=None`` receives from any of ``sources``. With ``op``, a message
         sent from within another operation fails the receive with
-        :class:`CollectiveMismatchError` instead of being delivered.
+        :class:`CollectiveMismatchError` instead of being delivered. With
+        ``fold``, the message is combined into ``buf`` instead of written
+        over it (see :class:`~asyncdist.matching.PostedRecv`).
         """
         if self.closed:
             raise ClosedError(f"rank {self.rank}: the process group is closed")
         assert self._loop is not None
-        recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op)
+        recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op, fold)
         inbound = self._matcher.take_unexpected(ctx, src, tag)
         if inbound is not None:
             self._deliver_unexpected(inbound, recv)
@@ -250,6 +254,14 @@ class Engine:
         inbound = self._matcher.take_stale(ctx, below_tag)
         return inbound.header if inbound is not None else None
 
+    def by_memory(self, rank: int, *, sending: bool) -> bool:
+        """Whether payloads sent to (``sending``) or received from ``rank``
+        can go by memory; False once the connection is gone."""
+        connection = self._connections.get(rank)
+        if connection is None:
+            return False
+        return connection.peer_reads_me if sending else connection.peer_memory is not None
+
     def peer_error(self, rank: int) -> PeerLostError | None:
         """The error that ended the stream to ``rank``, if it has ended."""
         return self._losses.error(rank)
@@ -257,10 +269,17 @@ class Engine:
     # -- incoming frames (called by the decoder through _PeerSink) -----------
 
     def _start_payload(self, sink: _PeerSink, header: Header) -> memoryview:
-        target = sink.current = self._route(sink, header)
-        if isinstance(target, PostedRecv):
+        return self._destination(sink, self._route(sink, header), header.nbytes)
+
+    def _destination(self, sink: _PeerSink, target: PostedRecv | Inbound, nbytes: int) -> memoryview:
+        """Where the payload routed to ``target`` is to be read."""
+        sink.current = target
+        if not isinstance(target, PostedRecv):
+            return memoryview(target.data)
+        if target.fold is None:
             return target.buf.view
-        return memoryview(target.data)
+        sink.staged = pool.take_bytes(nbytes)  # folded in when complete
+        return memoryview(sink.staged)
 
     def _finish_frame(self, sink: _PeerSink, header: Header) -> None:
         if header.kind == Kind.PING:  # the heartbeat: receiving it was the point
@@ -278,16 +297,31 @@ class Engine:
                 connection.remote_done()
             return
         if header.kind == Kind.REMOTE:  # copied out of the sender's memory into where it is routed
-            self._connections[sink.rank].take_remote(self._start_payload(sink, header), header.addr)
+            self._read_remote(sink, header)
         target = sink.current if header.nbytes or header.kind == Kind.REMOTE else self._route(sink, header)
         sink.current = None
         if isinstance(target, PostedRecv):
+            staged, sink.staged = sink.staged, None
+            if staged is not None:
+                target.fold(staged, 0)
+                pool.give_back(staged)
             if not target.future.done():
                 target.future.set_result(header)
             return
         target.complete = True
         if target.waiter is not None:
             self._deliver_unexpected(target, target.waiter)
+
+    def _read_remote(self, sink: _PeerSink, header: Header) -> None:
+        """Copy a REMOTE payload out of the sender's memory, or fold it in
+        piece by piece, without staging it, for a folding receive."""
+        connection = self._connections[sink.rank]
+        target = self._route(sink, header)
+        if isinstance(target, PostedRecv) and target.fold is not None:
+            sink.current = target
+            connection.fold_remote(target.fold, header.nbytes, header.addr)
+        else:
+            connection.take_remote(self._destination(sink, target, header.nbytes), header.addr)
 
     def _route(self, sink: _PeerSink, header: Header) -> PostedRecv | Inbound:
         if header.src != sink.rank:
@@ -319,7 +353,10 @@ class Engine:
         elif not inbound.complete:
             inbound.waiter = recv
         else:
-            recv.buf.view[:] = memoryview(inbound.data)
+            if recv.fold is not None:
+                recv.fold(inbound.data, 0)
+            else:
+                recv.buf.view[:] = memoryview(inbound.data)
             pool.give_back(inbound.data)
             future.set_result(inbound.header)
 

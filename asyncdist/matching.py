@@ -26,7 +26,10 @@ from .buffers import HostBuffer, check_fits
 from .errors import AsyncDistError, BufferMismatchError, CollectiveMismatchError
 from .wire import Header
 
-__all__ = ["PostedRecv", "Inbound", "Matcher", "misfit"]
+__all__ = ["PostedRecv", "Inbound", "Matcher", "misfit", "Fold"]
+
+#: ``fold(piece, offset)``: combine ``piece`` (uint8) into a receive's buffer at byte ``offset``.
+Fold = Callable[[Any, int], None]
 
 
 @dataclass(slots=True, eq=False)
@@ -42,6 +45,11 @@ class PostedRecv:
         op: for a collective, the description of the call; a message whose
             sender was in another call does not fit (``None``: no check).
         future: completed by the engine with the matched :class:`Header`.
+        fold: combines the payload into ``buf`` instead of the payload
+            overwriting it: called with pieces of the payload (uint8 arrays,
+            whole elements) and each piece's byte offset in it, so that a
+            reduction reads what arrives once, while it is still in cache,
+            and needs no receive buffer of its own (see :func:`asyncdist.ops.folder`).
         order: posting order, for choosing between exact and any-source receives.
     """
 
@@ -52,6 +60,7 @@ class PostedRecv:
     future: Any
     sources: frozenset[int] = frozenset()
     op: str | None = None
+    fold: Fold | None = None
     order: int = 0
 
 

@@ -12,6 +12,7 @@ then drives the three steps of a reduction::
     check_op(op, buf.dtype)          # every rank, before anything moves
     prepare(op, own)                 # PREMUL_SUM: own *= factor
     combine(op, acc, received)       # acc = op(acc, received), any number of times
+    folder(op, acc)                  # the same, for a message folded in as it arrives
     finish(op, acc, world_size)      # AVG: acc /= world_size, once, on the result
 
 Invariants:
@@ -72,6 +73,7 @@ __all__ = [
     "check_op",
     "prepare",
     "combine",
+    "folder",
     "finish",
 ]
 
@@ -156,6 +158,25 @@ def combine(op: Any, acc: HostBuffer, other: HostBuffer) -> None:
         _torch_apply(lambda x, y: torch.maximum(x, y, out=x), acc, other)
     else:  # SUM, AVG, PREMUL_SUM; torch-only dtypes have no bitwise ops
         _torch_apply(lambda x, y: x.add_(y), acc, other)
+
+
+def folder(op: Any, acc: HostBuffer) -> Callable[[np.ndarray, int], None]:
+    """A :data:`~asyncdist.matching.Fold` that combines a received message
+    into ``acc`` piece by piece: ``fold(piece, offset)`` runs :func:`combine`
+    on the bytes of ``acc`` from ``offset``, with ``piece`` (uint8, whole
+    elements) as the other operand.
+
+    The engine calls it with each piece as it reads it, so the message is
+    never written anywhere else first (see :class:`~asyncdist.matching.PostedRecv`).
+    """
+    itemsize = ITEMSIZES[acc.dtype]
+
+    def fold(piece: np.ndarray, offset: int) -> None:
+        assert offset % itemsize == 0 and piece.nbytes % itemsize == 0, "a piece of whole elements"
+        start, count = offset // itemsize, piece.nbytes // itemsize
+        combine(op, acc.elements(start, start + count), HostBuffer(memoryview(piece), acc.dtype, (count,)))
+
+    return fold
 
 
 def finish(op: Any, acc: HostBuffer, world_size: int) -> None:

