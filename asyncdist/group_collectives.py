@@ -133,7 +133,7 @@ class CollectiveMethods:
         _same_layout(slots, send, "tensor_list")
         channel = self.channel(f"all_gather({signature(send.dtype, send.shape)})")
         copy_into(slots[self.rank], send)
-        await channel.run(ring_all_gather(channel, slots, select.chunk_elements(send.dtype)))
+        await channel.run(ring_all_gather(channel, slots))
         _write_back([write_back for _, write_back in staged_outputs])
 
     async def all_gather_into_tensor(self, output_tensor: Any, input_tensor: Any) -> None:
@@ -148,7 +148,7 @@ class CollectiveMethods:
         channel = self.channel(f"all_gather_into_tensor({signature(send.dtype, send.shape)})")
         slots = even_slots(out, self.size)
         copy_into(slots[self.rank], send)
-        await channel.run(ring_all_gather(channel, slots, select.chunk_elements(send.dtype)))
+        await channel.run(ring_all_gather(channel, slots))
         write_back()
 
     async def gather(self, tensor: Any, gather_list: Sequence[Any] | None = None, dst: int = 0) -> None:
@@ -190,7 +190,7 @@ class CollectiveMethods:
         for slot, buf in zip(slots, inputs):
             copy_into(slot, buf)
         ops.prepare(op, accumulator)
-        await channel.run(ring_reduce_scatter(channel, slots, op, select.chunk_elements(out.dtype)))
+        await channel.run(ring_reduce_scatter(channel, slots, op))
         ops.finish(op, slots[self.rank], self.size)
         copy_into(out, slots[self.rank])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Awaitable
 
-from ..buffers import ITEMSIZES, HostBuffer
+from ..buffers import HostBuffer
 from .doubling import recursive_doubling_all_reduce
 from .ring import ring_all_reduce, ring_reduce, scatter_ring_broadcast
 from .tree import binomial_broadcast, binomial_reduce
@@ -19,39 +19,31 @@ from .tree import binomial_broadcast, binomial_reduce
 if TYPE_CHECKING:
     from ..channel import Channel
 
-__all__ = ["chunk_elements", "all_reduce", "broadcast", "reduce", "SMALL_MESSAGE_BYTES", "CHUNK_BYTES"]
+__all__ = ["all_reduce", "broadcast", "reduce", "SMALL_MESSAGE_BYTES"]
 
 # Below this, a call is latency-bound on loopback and on a LAN alike: one
 # extra round costs more than moving the data log2(n) times.
 SMALL_MESSAGE_BYTES = 64 * 1024
-# Pipelining unit of the ring algorithms: big enough that per-message
-# overhead (~10 us) is noise, small enough that a ring of 8 overlaps well.
-CHUNK_BYTES = 1024 * 1024
-
-
-def chunk_elements(dtype: str) -> int:
-    """Elements of ``dtype`` per pipelined chunk."""
-    return max(1, CHUNK_BYTES // ITEMSIZES[dtype])
 
 
 def all_reduce(channel: Channel, buf: HostBuffer, op: object) -> Awaitable[None]:
     """All-reduce ``buf`` in place."""
     if buf.nbytes < SMALL_MESSAGE_BYTES or buf.numel < channel.size:
         return recursive_doubling_all_reduce(channel, buf, op)
-    return ring_all_reduce(channel, buf, op, chunk_elements(buf.dtype))
+    return ring_all_reduce(channel, buf, op)
 
 
 def broadcast(channel: Channel, buf: HostBuffer, root: int) -> Awaitable[None]:
     """Broadcast the root's ``buf``."""
     if buf.nbytes < SMALL_MESSAGE_BYTES or channel.size <= 2:
         return binomial_broadcast(channel, buf, root)
-    return scatter_ring_broadcast(channel, buf, root, chunk_elements(buf.dtype))
+    return scatter_ring_broadcast(channel, buf, root)
 
 
 def reduce(channel: Channel, buf: HostBuffer, root: int, op: object) -> Awaitable[None]:
     """Reduce every rank's ``buf`` (an accumulator) into the root's."""
     if buf.nbytes < SMALL_MESSAGE_BYTES or channel.size <= 2:
         return binomial_reduce(channel, buf, root, op)
-    return ring_reduce(channel, buf, root, op, chunk_elements(buf.dtype))
+    return ring_reduce(channel, buf, root, op)
 
 
