@@ -28,7 +28,8 @@ while no caller does:
 keeps the loop always and every call is handed over.
 
 The calling thread runs its call's coroutine with a
-:class:`~asyncdist.loop_turns.Driver`: stepped like a Task, without one.
+:class:`~asyncdist.loop_turns.Driver`: stepped like a Task, without one,
+and spinning briefly before it sleeps (:func:`~asyncdist.loop_turns.spin_seconds`).
 The loop is asyncio's own unless ``ASYNCDIST_LOOP=uvloop``: only asyncio's
 loop can be turned one iteration at a time by the Driver, and uvloop
 re-arms its signal wake-up (a new socket pair) each time the main thread
@@ -63,7 +64,7 @@ from typing import Any, Callable, Coroutine
 
 from .errors import WrongThreadError
 from .gpu.callers import caller_context
-from .loop_turns import Driver
+from .loop_turns import Driver, spin_seconds
 
 __all__ = ["LoopThread", "new_event_loop", "call_at_exit", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE"]
 
@@ -212,7 +213,7 @@ class LoopThread:
         self._demand = 0  # started operations and handed-over calls not yet done
         self._released_at = time.monotonic()
         self._stopping = False
-        self._driver = Driver(self.loop)  # runs the blocking calls of whichever caller owns the loop
+        self._driver = Driver(self.loop, spin_seconds())  # runs the blocking calls of whichever caller owns the loop
         self._interrupted = False  # Ctrl-C cancelled the main thread's call now running
         _interrupts.install()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)

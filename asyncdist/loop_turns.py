@@ -26,6 +26,16 @@ call here). They only decide how an async generator *left unfinished* is
 closed, and the facade runs asyncdist's own operations, which use none;
 the Task path below runs under ``run_forever`` and has them.
 
+While it waits, a Driver first *spins*: it turns the loop without
+sleeping in the kernel, for up to :func:`spin_seconds`, and only then
+lets the loop sleep until the next event. A small operation between two
+ranks waits about 0.1-0.3 ms here; a thread that sleeps that long wakes
+on a cold core, where the call's Python then runs 2.5-3 times slower
+(measured: an 8-byte all_reduce on 2 ranks took 370-430 us per call
+sleeping and 210-260 us spinning). MPI libraries poll the same way, and
+like them a Driver does not spin when the ranks on this host outnumber its
+cores: there the spin would take the core that the peer it waits for needs.
+
 Turning the loop by hand uses ``BaseEventLoop._run_once``, asyncio's one
 iteration, private but unchanged since Python 3.4. Other loops (uvloop) and
 a loop in debug mode (whose iteration times callbacks) run the coroutine as
@@ -36,11 +46,38 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import threading
+import time
 from asyncio import events
-from typing import Any, Coroutine
+from typing import Any, Coroutine, Mapping
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "spin_seconds", "SPIN_ENV", "DEFAULT_SPIN_SECONDS"]
+
+#: Microseconds a blocking call spins before it sleeps (0: never spin).
+SPIN_ENV = "ASYNCDIST_SPIN_US"
+DEFAULT_SPIN_SECONDS = 1e-3
+
+
+def spin_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    """How long a blocking call spins for the data it waits on before it sleeps.
+
+    ``ASYNCDIST_SPIN_US`` if set; else :data:`DEFAULT_SPIN_SECONDS` when the
+    launcher says how many ranks run on this host (``LOCAL_WORLD_SIZE``, as
+    torchrun and asyncdist-run set it) and they are no more than the cores
+    this process may use, and 0 otherwise.
+    """
+    text = environ.get(SPIN_ENV, "").strip()
+    if text:
+        try:
+            return max(0.0, float(text)) / 1e6
+        except ValueError:
+            raise ValueError(f"{SPIN_ENV} must be a number of microseconds, got {text!r}") from None
+    local_ranks = environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if not local_ranks.isdigit():
+        return 0.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return DEFAULT_SPIN_SECONDS if int(local_ranks) <= cores else 0.0
 
 
 class Driver:
@@ -52,10 +89,11 @@ class Driver:
     only the thread that owns the loop runs it.
     """
 
-    __slots__ = ("_loop", "_steps", "running", "_cancel_requested", "_task")
+    __slots__ = ("_loop", "_spin", "_steps", "running", "_cancel_requested", "_task")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, spin: float = 0.0) -> None:
         self._loop = loop
+        self._spin = spin  # seconds to spin before sleeping, per future awaited
         self._steps = isinstance(loop, asyncio.BaseEventLoop)  # else (uvloop): as a Task
         self.running = False  # True while run() runs a coroutine
         self._cancel_requested = False
@@ -99,7 +137,10 @@ class Driver:
                     loop._stopping = False  # stop() is for run_forever; this ends with the coroutine
                 elif getattr(awaited, "_asyncio_future_blocking", False) and awaited.get_loop() is loop:
                     awaited._asyncio_future_blocking = False
+                    spin_until = time.monotonic() + self._spin
                     while not awaited.done():
+                        # While stopping is set, the turn polls without sleeping.
+                        loop._stopping = self._spin > 0.0 and time.monotonic() < spin_until
                         loop._run_once()
                         loop._stopping = False
                         if self._cancel_requested and awaited.cancel():  # the coroutine's await raises it

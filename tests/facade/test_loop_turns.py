@@ -15,7 +15,9 @@ from typing import Any, Callable, Coroutine, Iterator
 
 import pytest
 
-from asyncdist.loop_turns import Driver
+import os
+
+from asyncdist.loop_turns import DEFAULT_SPIN_SECONDS, Driver, spin_seconds
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_drive_var", default="unset")
 
@@ -182,3 +184,49 @@ def test_a_loop_in_debug_mode_runs_the_coroutine_as_a_task(loop: asyncio.Abstrac
         return asyncio.current_task() is not None, 5
 
     assert Driver(loop).run(which()) == (debug, 5)
+
+
+def _select_timeouts(loop: Any, monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
+    """The timeout of every poll of the loop's selector (0: a poll that does not sleep)."""
+    timeouts: list[float | None] = []
+    select = loop._selector.select
+
+    def recorded(timeout: float | None = None) -> Any:
+        timeouts.append(timeout)
+        return select(timeout)
+
+    monkeypatch.setattr(loop._selector, "select", recorded)
+    return timeouts
+
+
+@pytest.mark.parametrize("spin", [0.0, 0.005, 60.0], ids=["sleeps", "spins-then-sleeps", "spins-throughout"])
+def test_a_wait_spins_for_its_budget_and_then_sleeps(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch, spin: float
+) -> None:
+    timeouts = _select_timeouts(loop, monkeypatch)
+
+    async def waits_for_a_timer() -> str:
+        future = loop.create_future()
+        loop.call_later(0.05, future.set_result, "late reply")
+        return await future
+
+    assert Driver(loop, spin).run(waits_for_a_timer()) == "late reply"
+    spun = [t for t in timeouts if t == 0]
+    slept = [t for t in timeouts if t != 0]
+    if spin == 0.0:
+        assert slept and not spun
+    elif spin == 60.0:
+        assert len(spun) > 1 and not slept  # the reply came well within the budget
+    else:
+        assert timeouts[0] == 0 and timeouts[-1] > 0  # spun first, slept for the rest
+
+
+def test_the_spin_budget_comes_from_the_environment_or_the_ranks_per_core() -> None:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert spin_seconds({"LOCAL_WORLD_SIZE": str(cores)}) == DEFAULT_SPIN_SECONDS
+    assert spin_seconds({"LOCAL_WORLD_SIZE": str(cores + 1)}) == 0.0  # oversubscribed: never spin
+    assert spin_seconds({}) == 0.0  # ranks per host unknown
+    assert spin_seconds({"ASYNCDIST_SPIN_US": "250", "LOCAL_WORLD_SIZE": str(cores + 1)}) == 250e-6
+    assert spin_seconds({"ASYNCDIST_SPIN_US": "0", "LOCAL_WORLD_SIZE": "1"}) == 0.0
+    with pytest.raises(ValueError, match="ASYNCDIST_SPIN_US must be a number of microseconds, got 'fast'"):
+        spin_seconds({"ASYNCDIST_SPIN_US": "fast"})
