@@ -303,7 +303,8 @@ class Engine:
         if isinstance(target, PostedRecv):
             staged, sink.staged = sink.staged, None
             if staged is not None:
-                target.fold(staged, 0)
+                if not target.future.done():  # a call that failed meanwhile leaves its buffer alone
+                    target.fold(staged, 0)
                 pool.give_back(staged)
             if not target.future.done():
                 target.future.set_result(header)
