@@ -7,11 +7,10 @@ or collectives. It owns:
 * one :class:`~asyncdist.transport.stream.Connection` per peer; the
   :class:`~asyncdist.transport.mesh.Mesh` listens, accepts (strangers are
   refused there) and dials, the higher rank of each pair dialing the lower;
-* the :class:`~asyncdist.matching.Matcher`: a payload whose header matches a
-  posted receive is read straight into that receive's buffer; otherwise it
-  lands in an engine-owned buffer and is copied once when its receive comes;
-* routing the payloads a same-host peer sends by address (the connection
-  chooses the path and copies them, :mod:`~asyncdist.transport.cma`);
+* the :class:`~asyncdist.mailbox.Mailbox`: its receives and unexpected
+  messages, and a :class:`~asyncdist.mailbox.PeerInbox` per connection that
+  routes each payload as its header arrives (straight into a posted
+  receive's buffer, folded into it, or held until its receive comes);
 * failure propagation: when a peer's stream ends, every receive that depends
   on that peer fails with :class:`PeerLostError`, now and later, and every
   send to it fails too. Peers that are not involved are unaffected. A peer
@@ -27,24 +26,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections import OrderedDict
 from typing import Iterable, Mapping
-
-import numpy as np
 
 from .abort import abort_header, error_from_abort
 from .buffers import HostBuffer
-from .errors import (
-    AsyncDistError,
-    ClosedError,
-    PeerLostError,
-    ProtocolError,
-    RendezvousError,
-)
+from .errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
 from .handshake import Identity, PeerAccess
 from .losses import Losses
-from .matching import Fold, Inbound, Matcher, PostedRecv, misfit
-from .scratch import pool
+from .mailbox import Mailbox, PeerInbox
+from .matching import Fold, PostedRecv
 from .transport.heartbeat import Heartbeat, HeartbeatConfig
 from .transport.mesh import Mesh
 from .transport.stream import Connection
@@ -56,26 +46,6 @@ log = logging.getLogger("asyncdist.engine")
 
 # How long close() waits for queued frames to reach the kernel.
 _CLOSE_DRAIN_SECONDS = 10.0
-# Aborted calls remembered (so a receive posted after the ABORT fails too).
-_MAX_ABORTED_CALLS = 4096
-
-
-class _PeerSink:
-    """Routes one connection's decoded frames into the engine."""
-
-    __slots__ = ("engine", "rank", "current", "staged")
-
-    def __init__(self, engine: Engine, rank: int) -> None:
-        self.engine = engine
-        self.rank = rank
-        self.current: PostedRecv | Inbound | None = None  # the payload being read
-        self.staged: np.ndarray | None = None  # where it is read, for a folding receive
-
-    def payload_buffer(self, header: Header) -> memoryview:
-        return self.engine._start_payload(self, header)
-
-    def frame_received(self, header: Header, payload: memoryview) -> None:
-        self.engine._finish_frame(self, header)
 
 
 class Engine:
@@ -102,15 +72,14 @@ class Engine:
         self.rank = me.rank
         self.world_size = me.world_size
         self._max_payload = max_payload
-        self._matcher = Matcher()
+        self._mailbox = Mailbox(me.rank)
         self._connections: dict[int, Connection] = {}
         self._losses = Losses()
-        self._sinks: dict[int, _PeerSink] = {}
+        self._inboxes: dict[int, PeerInbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
         self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._peer_lost)
         self._all_connected: asyncio.Future | None = None
-        self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
         self._next_context = 0
         self.closed = False
         self.address: tuple[str, int] | None = None
@@ -146,10 +115,10 @@ class Engine:
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
         assert self._loop is not None
-        sink = _PeerSink(self, peer)
-        decoder = FrameDecoder(sink, max_payload=self._max_payload)
-        self._sinks[peer] = sink
-        self._connections[peer] = Connection(
+        inbox = PeerInbox(self._mailbox, peer, self._control_frame)
+        decoder = FrameDecoder(inbox, max_payload=self._max_payload)
+        self._inboxes[peer] = inbox
+        self._connections[peer] = inbox.connection = Connection(
             self._loop,
             sock,
             peer,
@@ -210,28 +179,13 @@ class Engine:
             raise ClosedError(f"rank {self.rank}: the process group is closed")
         assert self._loop is not None
         recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op, fold)
-        inbound = self._matcher.take_unexpected(ctx, src, tag)
-        if inbound is not None:
-            self._deliver_unexpected(inbound, recv)
-            return recv
-        failed = self._losses.fatal_for(recv) or self._aborted.get((ctx, tag))
-        if failed is not None:
-            _fail(recv.future, failed)
-            return recv
-        self._matcher.post(recv)
+        self._mailbox.post(recv, self._losses.fatal_for(recv))
         return recv
 
     def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
         """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
         later, and its messages, queued or still to come, are dropped."""
-        if (ctx, tag) in self._aborted:
-            return
-        self._aborted[(ctx, tag)] = error
-        if len(self._aborted) > _MAX_ABORTED_CALLS:
-            self._aborted.popitem(last=False)
-        self._matcher.drop_call(ctx, tag)
-        for recv in self._matcher.take_call(ctx, tag):
-            _fail(recv.future, error)
+        self._mailbox.fail_call(ctx, tag, error)
 
     def send_abort(self, ranks: Iterable[int], ctx: int, tag: int, error: BaseException) -> None:
         """Tell ``ranks`` that call (ctx, tag) failed here with ``error`` (best effort)."""
@@ -246,13 +200,12 @@ class Engine:
 
     def cancel_recv(self, recv: PostedRecv) -> bool:
         """Withdraw a receive that has not matched yet; True if it was withdrawn."""
-        return self._matcher.unpost(recv)
+        return self._mailbox.cancel(recv)
 
     def take_stale(self, ctx: int, below_tag: int) -> Header | None:
         """Consume a message of ``ctx`` with a tag below ``below_tag`` that no
         receive matched; return its header (None if there is none)."""
-        inbound = self._matcher.take_stale(ctx, below_tag)
-        return inbound.header if inbound is not None else None
+        return self._mailbox.take_stale(ctx, below_tag)
 
     def by_memory(self, rank: int, *, sending: bool) -> bool:
         """Whether payloads sent to (``sending``) or received from ``rank``
@@ -266,100 +219,18 @@ class Engine:
         """The error that ended the stream to ``rank``, if it has ended."""
         return self._losses.error(rank)
 
-    # -- incoming frames (called by the decoder through _PeerSink) -----------
+    # -- control frames (from each connection's PeerInbox) ------------------
 
-    def _start_payload(self, sink: _PeerSink, header: Header) -> memoryview:
-        return self._destination(sink, self._route(sink, header), header.nbytes)
-
-    def _destination(self, sink: _PeerSink, target: PostedRecv | Inbound, nbytes: int) -> memoryview:
-        """Where the payload routed to ``target`` is to be read."""
-        sink.current = target
-        if not isinstance(target, PostedRecv):
-            return memoryview(target.data)
-        if target.fold is None:
-            return target.buf.view
-        sink.staged = pool.take_bytes(nbytes)  # folded in when complete
-        return memoryview(sink.staged)
-
-    def _finish_frame(self, sink: _PeerSink, header: Header) -> None:
-        if header.kind == Kind.PING:  # the heartbeat: receiving it was the point
-            return
+    def _control_frame(self, rank: int, header: Header) -> None:
+        """A frame without a message's payload; a PING's arrival was its point."""
         if header.kind == Kind.BYE:
-            error = PeerLostError(f"rank {sink.rank} closed its process group", sink.rank)
-            self._peer_lost(sink.rank, error, orderly=True)
-            return
-        if header.kind == Kind.ABORT:
-            self._call_aborted(header)
-            return
-        if header.kind == Kind.DONE:
-            connection = self._connections.get(sink.rank)
+            self._peer_lost(rank, PeerLostError(f"rank {rank} closed its process group", rank), orderly=True)
+        elif header.kind == Kind.ABORT:
+            self.fail_call(header.ctx, header.tag, error_from_abort(header))
+        elif header.kind == Kind.DONE:
+            connection = self._connections.get(rank)
             if connection is not None:  # else: it came after the peer's BYE, in the same read
                 connection.remote_done()
-            return
-        if header.kind == Kind.REMOTE:  # copied out of the sender's memory into where it is routed
-            self._read_remote(sink, header)
-        target = sink.current if header.nbytes or header.kind == Kind.REMOTE else self._route(sink, header)
-        sink.current = None
-        if isinstance(target, PostedRecv):
-            staged, sink.staged = sink.staged, None
-            if staged is not None:
-                if not target.future.done():  # a call that failed meanwhile leaves its buffer alone
-                    target.fold(staged, 0)
-                pool.give_back(staged)
-            if not target.future.done():
-                target.future.set_result(header)
-            return
-        target.complete = True
-        if target.waiter is not None:
-            self._deliver_unexpected(target, target.waiter)
-
-    def _read_remote(self, sink: _PeerSink, header: Header) -> None:
-        """Copy a REMOTE payload out of the sender's memory, or fold it in
-        piece by piece, without staging it, for a folding receive."""
-        connection = self._connections[sink.rank]
-        target = self._route(sink, header)
-        if isinstance(target, PostedRecv) and target.fold is not None:
-            sink.current = target
-            connection.fold_remote(target.fold, header.nbytes, header.addr)
-        else:
-            connection.take_remote(self._destination(sink, target, header.nbytes), header.addr)
-
-    def _route(self, sink: _PeerSink, header: Header) -> PostedRecv | Inbound:
-        if header.src != sink.rank:
-            raise ProtocolError(f"rank {sink.rank} sent a frame claiming to come from rank {header.src}")
-        if header.kind not in (Kind.DATA, Kind.REMOTE):
-            raise ProtocolError(f"rank {sink.rank} sent a frame of kind {header.kind} with a payload")
-        recv = self._matcher.take_posted(header)
-        if recv is not None:
-            error = misfit(header, recv, self.rank)
-            if error is None:
-                return recv
-            recv.future.set_exception(error)  # the payload is read and dropped
-            return Inbound(header, np.empty(header.nbytes, np.uint8))
-        inbound = Inbound(header, pool.take_bytes(header.nbytes))
-        if (header.ctx, header.tag) not in self._aborted:  # else: read and dropped
-            self._matcher.add_unexpected(inbound)
-        return inbound
-
-    def _call_aborted(self, header: Header) -> None:
-        self.fail_call(header.ctx, header.tag, error_from_abort(header))
-
-    def _deliver_unexpected(self, inbound: Inbound, recv: PostedRecv) -> None:
-        future = recv.future
-        if future.done():
-            return
-        error = inbound.failure or misfit(inbound.header, recv, self.rank)
-        if error is not None:
-            future.set_exception(error)
-        elif not inbound.complete:
-            inbound.waiter = recv
-        else:
-            if recv.fold is not None:
-                recv.fold(inbound.data, 0)
-            else:
-                recv.buf.view[:] = memoryview(inbound.data)
-            pool.give_back(inbound.data)
-            future.set_result(inbound.header)
 
     # -- failures --------------------------------------------------------------
 
@@ -380,17 +251,10 @@ class Engine:
             connection.close(error)
         if not self.closed:
             log.log(logging.INFO if orderly else logging.WARNING, "rank %d lost rank %d: %s", self.rank, rank, error)
-        sink = self._sinks.pop(rank, None)
-        current = sink.current if sink is not None else None
-        if isinstance(current, PostedRecv):
-            _fail(current.future, error)
-        elif isinstance(current, Inbound):
-            current.failure = error
-            if current.waiter is not None:
-                _fail(current.waiter.future, error)
-        fatal = self._losses.fatal_for
-        for recv in self._matcher.take_dependents(rank, lambda recv: fatal(recv) is not None):
-            _fail(recv.future, fatal(recv) or error)
+        inbox = self._inboxes.pop(rank, None)
+        if inbox is not None:
+            inbox.lose(error)
+        self._mailbox.fail_dependents(rank, self._losses.fatal_for, error)
 
     async def close(self) -> None:
         """Say goodbye to every peer, flush what was sent, close every socket.
@@ -417,20 +281,8 @@ class Engine:
         closed = ClosedError(f"rank {self.rank}: the process group was destroyed")
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
-        for recv in self._matcher.take_all():
-            _fail(recv.future, closed)
+        self._mailbox.fail_all(closed)
         await self._mesh.close()
         if self._all_connected is not None and not self._all_connected.done():
             self._all_connected.cancel()
 
-
-def _fail(future: asyncio.Future, error: BaseException) -> None:
-    """Fail a receive's future, unless it is done already.
-
-    Marked as retrieved: whoever awaits it still gets the error, but the
-    receives of a failed collective that nobody awaits any more (its later
-    steps) must not be logged by asyncio as "never retrieved".
-    """
-    if not future.done():
-        future.set_exception(error)
-        future.exception()

@@ -136,7 +136,7 @@ class Driver:
                     loop._stopping = False  # stop() is for run_forever; this ends with the coroutine
                 elif getattr(awaited, "_asyncio_future_blocking", False) and awaited.get_loop() is loop:
                     awaited._asyncio_future_blocking = False
-                    spin_until = time.monotonic() + self._spin
+                    spin_until = time.monotonic() + self._spin if self._spin else 0.0
                     while not awaited.done():
                         # While stopping is set, the turn polls without sleeping.
                         loop._stopping = self._spin > 0.0 and time.monotonic() < spin_until
