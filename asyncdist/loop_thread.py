@@ -38,10 +38,12 @@ starts it, about 25 us per blocking call here, more than it saves.
 A call made on the loop's own thread (from a coroutine running on it)
 raises :class:`~asyncdist.errors.WrongThreadError`: it would wait for the
 very loop it blocks (trio's rule, anyio's BlockingPortal). Every call runs
-in a copy of the calling thread's context that also holds the thread's
-current CUDA streams, when a GPU library is in use
-(:func:`asyncdist.gpu.callers.caller_context`): torch orders an operation
-after the work queued on the *calling* thread's stream.
+in a copy of the calling thread's context. torch orders an operation after
+the work queued on the *calling* thread's current stream: a call run in the
+calling thread finds that stream where it is; a call handed over, and one
+that starts operations which go on after it returns (:meth:`start`), also
+carries the thread's current CUDA streams in its context, when a GPU
+library is in use (:func:`asyncdist.gpu.callers.caller_context`).
 
 Ctrl-C during a call that runs the loop in the main thread cancels that
 call's coroutine (the operation fails on the other ranks with an ABORT, as
@@ -301,21 +303,28 @@ class LoopThread:
         )
         return slot.wait()
 
-    def run(self, coro: Coroutine[Any, Any, Any], what: str = "this call") -> Any:
+    def run(self, coro: Coroutine[Any, Any, Any], what: str = "this call", capture_streams: bool = False) -> Any:
         """Run ``coro`` on the loop and return its result (any thread but the loop's).
+
+        Args:
+            what: the call's name, for errors.
+            capture_streams: carry the calling thread's current device streams
+                into ``coro``'s context even when ``coro`` runs in this thread,
+                for a call that starts work going on after it returns (one
+                handed to another thread always carries them).
 
         Raises:
             WrongThreadError: called from a coroutine running on this loop.
         """
         running = asyncio._get_running_loop()
-        if running is None and self._caller_runs and self._running_here.acquire(blocking=False):
+        if running is None and self._caller_runs and self._running_here.acquire(False):
             # the loop is free: run it here (inline: a call costs on this path)
             self._owner = threading.get_ident()  # before the check: stop() waits for an owner it sees
             if self._stopping:
                 self._release()
                 return self._hand_over(coro)
             try:
-                result = self._driver.run(coro, caller_context())
+                result = self._driver.run(coro, caller_context() if capture_streams else None)
             except asyncio.CancelledError:
                 if not self._interrupted:
                     raise
@@ -335,11 +344,7 @@ class LoopThread:
 
     def call(self, fn: Callable[..., Any], *args: Any, what: str = "this call") -> Any:
         """Run ``fn(*args)`` on the loop and return its result (any thread but the loop's)."""
-
-        async def invoke() -> Any:
-            return fn(*args)
-
-        return self.run(invoke(), what)
+        return self.run(_invoke(fn, args), what)
 
     def start(self, fn: Callable[..., Any], *args: Any, what: str = "this call") -> Any:
         """Run ``fn(*args)`` on the loop and return its result at once: the
@@ -357,7 +362,7 @@ class LoopThread:
                     work.future.add_done_callback(self._demand_met)
             return started
 
-        return self.call(begin, what=what)
+        return self.run(_invoke(begin, ()), what, capture_streams=True)
 
     def stop(self) -> None:
         """Cancel what is left on the loop (blocking calls of other threads
@@ -386,3 +391,7 @@ class LoopThread:
         self._thread.join()
         self.loop.close()
         _running.discard(self)
+
+
+async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return fn(*args)

@@ -7,11 +7,14 @@ the host. Current streams are per thread in torch and CuPy, and asyncdist
 runs every operation on its event loop's thread, so this module carries the
 caller's streams across:
 
-* :func:`caller_context` runs on the user's thread at each blocking-facade
-  hop (:class:`~asyncdist.loop_thread.LoopThread`); it snapshots the current
-  stream of every live adapter into a context variable of a copied context,
-  and the loop runs the call in that context, so the operation's task sees
-  it. When no GPU library is in use it returns None and costs two lookups.
+* :func:`caller_context` runs on the user's thread when a blocking-facade
+  call is handed to the loop in another thread, or starts operations that
+  go on after it returns (:class:`~asyncdist.loop_thread.LoopThread`); it
+  snapshots the current stream of every live adapter into a context
+  variable of a copied context, and the loop runs the call in that context,
+  so the operation's task sees it. When no GPU library is in use it returns
+  None. A call run in the calling thread needs no snapshot: there the
+  thread's current streams are the caller's.
 * :func:`caller_stream` (loop thread) is that snapshot's stream, else the
   loop thread's own current stream (the await API's caller *is* the loop
   thread).

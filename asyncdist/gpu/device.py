@@ -209,7 +209,7 @@ _HOST_TYPES = frozenset(
 def live_adapters() -> list[DeviceAdapter]:
     """The adapters whose library is in use in this process (built on demand).
 
-    Every blocking call asks (:func:`~asyncdist.gpu.callers.caller_context`),
+    Many blocking calls ask (:func:`~asyncdist.gpu.callers.caller_context`),
     so this is a plain loop: no comprehension's frame."""
     live = []
     for entry in _ENTRIES:

@@ -14,6 +14,7 @@ import pytest
 
 import asyncdist as dist
 from asyncdist.errors import AsyncDistError, OperationTimeoutError
+from asyncdist.loop_thread import CALLER_RUNS_ENV
 from asyncdist.rendezvous.hash_store import HashStore
 from asyncdist.reduce_op import make_premul_sum
 from asyncdist.testing.fake_device import FakeDevice
@@ -30,8 +31,21 @@ def one_rank(fake):
         dist.destroy_process_group()
 
 
-def test_blocking_call_follows_the_callers_stream(one_rank):
-    dev = one_rank
+@pytest.fixture(params=["caller runs the loop", "handed to the loop thread"])
+def one_rank_either_path(request, monkeypatch, fake):
+    """A blocking call runs in the calling thread, or is handed to the daemon
+    (which must then be told the caller's streams)."""
+    if request.param == "handed to the loop thread":
+        monkeypatch.setenv(CALLER_RUNS_ENV, "0")
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    try:
+        yield FakeDevice()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_blocking_call_follows_the_callers_stream(one_rank_either_path):
+    dev = one_rank_either_path
     user = dev.new_stream("user")
     with dev.stream(user):  # the caller's current stream is not the loop thread's
         x = dev.empty(4, np.float64)
