@@ -20,7 +20,10 @@ while no caller does:
   user computes, as torch's do;
 * a loop left free for :data:`IDLE_GRACE` seconds is taken too, so peers'
   messages are still read eagerly, heartbeats still go out and anything
-  started without being counted as demand still finishes;
+  started without being counted as demand still finishes. The daemon looks
+  for that by waking now and then, less often while callers keep the loop
+  busy (at least every :data:`IDLE_LOOK_MAX` seconds): each look costs
+  the callers (see :meth:`LoopThread._take_when_needed`);
 * a call that finds the loop taken (by the daemon, or by another thread)
   hands its work over and waits, as every call did before.
 
@@ -68,7 +71,7 @@ from .errors import WrongThreadError
 from .gpu.callers import caller_context
 from .loop_turns import Driver, spin_seconds
 
-__all__ = ["LoopThread", "new_event_loop", "call_at_exit", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE"]
+__all__ = ["LoopThread", "new_event_loop", "call_at_exit", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX"]
 
 log = logging.getLogger("asyncdist")
 
@@ -81,6 +84,9 @@ CALLER_RUNS_ENV = "ASYNCDIST_CALLER_RUNS_LOOP"
 
 #: Seconds a loop may stay free before the daemon takes it to run in the background.
 IDLE_GRACE = 0.005
+
+#: The longest the daemon waits between two looks at a loop that callers keep busy.
+IDLE_LOOK_MAX = 0.1
 
 
 def new_event_loop(default: str = "uvloop") -> asyncio.AbstractEventLoop:
@@ -237,7 +243,19 @@ class LoopThread:
                 self._release()
 
     def _take_when_needed(self, me: int) -> bool:
-        """Daemon: wait until the loop must run here, and take it; False once stopping."""
+        """Daemon: wait until the loop must run here, and take it; False once stopping.
+
+        Demand is not looked for: adding some, and releasing the loop while
+        there is some, wakes the daemon. An idle loop is: each time the daemon
+        wakes to find the loop in use or used within the grace period, it
+        waits longer before it looks again, up to :data:`IDLE_LOOK_MAX`. A
+        look costs the callers more than its own few lines: the daemon must
+        then take the GIL from a caller, and until it has, each system call
+        of the caller's (each poll of the loop) wakes it in vain. Looking
+        every :data:`IDLE_GRACE` made a small blocking call between two ranks
+        25-30 % slower than never looking.
+        """
+        later = 0.0  # how much later than the grace period ends the next look is
         with self._lock:
             while not self._stopping:
                 idle = time.monotonic() - self._released_at
@@ -246,9 +264,9 @@ class LoopThread:
                         self._owner = me
                         return True
                     # a caller runs it: look again later (a wake-up per call would cost more)
-                    self._changed.wait(IDLE_GRACE)
-                else:
-                    self._changed.wait(IDLE_GRACE - idle)
+                    idle = 0.0
+                self._changed.wait(IDLE_GRACE - idle + later)
+                later = min(2 * later or IDLE_GRACE, IDLE_LOOK_MAX)
             return False
 
     # -- who runs the loop ---------------------------------------------------
