@@ -19,11 +19,17 @@ from .tree import binomial_broadcast, binomial_reduce
 if TYPE_CHECKING:
     from ..channel import Channel
 
-__all__ = ["all_reduce", "broadcast", "reduce", "SMALL_MESSAGE_BYTES"]
+__all__ = ["all_reduce", "broadcast", "reduce", "SMALL_MESSAGE_BYTES", "SCATTER_BROADCAST_MIN_RANKS"]
 
 # Below this, a call is latency-bound on loopback and on a LAN alike: one
 # extra round costs more than moving the data log2(n) times.
 SMALL_MESSAGE_BYTES = 64 * 1024
+
+# A large broadcast is scattered and ring-gathered only from this many ranks
+# (MPICH's MPIR_CVAR_BCAST_MIN_PROCS has the same default). With fewer, a
+# binomial tree's few rounds win even for large messages; and where ranks
+# read each other's memory, each rank copies the message once either way.
+SCATTER_BROADCAST_MIN_RANKS = 8
 
 
 def all_reduce(channel: Channel, buf: HostBuffer, op: object) -> Awaitable[None]:
@@ -35,7 +41,7 @@ def all_reduce(channel: Channel, buf: HostBuffer, op: object) -> Awaitable[None]
 
 def broadcast(channel: Channel, buf: HostBuffer, root: int) -> Awaitable[None]:
     """Broadcast the root's ``buf``."""
-    if buf.nbytes < SMALL_MESSAGE_BYTES or channel.size <= 2:
+    if buf.nbytes < SMALL_MESSAGE_BYTES or channel.size < SCATTER_BROADCAST_MIN_RANKS:
         return binomial_broadcast(channel, buf, root)
     return scatter_ring_broadcast(channel, buf, root)
 

@@ -19,6 +19,7 @@ import pytest
 from asyncdist.buffers import as_host_buffer
 from asyncdist.channel import Channel
 from asyncdist.collectives import ring
+from asyncdist.collectives.select import SCATTER_BROADCAST_MIN_RANKS
 from asyncdist.ops import ReduceOp
 from asyncdist.testing import local_world
 
@@ -61,15 +62,22 @@ async def test_all_reduce_and_reduce_scatter_over_links_of_two_chunk_sizes(mixed
 
 
 @pytest.mark.parametrize("n", [3, 4, 5])
-async def test_all_gather_and_broadcast_over_links_of_two_chunk_sizes(mixed_links: None, n: int) -> None:
+async def test_all_gather_over_links_of_two_chunk_sizes(mixed_links: None, n: int) -> None:
     inputs = _inputs(n)
     gathered = [np.empty(COUNT * n, np.float32) for _ in range(n)]
-    broadcast = [inputs[r].copy() if r == 1 else np.zeros(COUNT, np.float32) for r in range(n)]
     async with local_world(n) as ranks:
         await asyncio.gather(*(g.all_gather_into_tensor(gathered[g.rank], inputs[g.rank]) for g in ranks))
-        await asyncio.gather(*(g.broadcast(broadcast[g.rank], 1) for g in ranks))
     for r in range(n):
         np.testing.assert_array_equal(gathered[r], np.concatenate(inputs))
+
+
+@pytest.mark.parametrize("n", [SCATTER_BROADCAST_MIN_RANKS, SCATTER_BROADCAST_MIN_RANKS + 1])
+async def test_a_scattered_broadcast_over_links_of_two_chunk_sizes(mixed_links: None, n: int) -> None:
+    inputs = _inputs(n)
+    broadcast = [inputs[r].copy() if r == 1 else np.zeros(COUNT, np.float32) for r in range(n)]
+    async with local_world(n) as ranks:
+        await asyncio.gather(*(g.broadcast(broadcast[g.rank], 1) for g in ranks))
+    for r in range(n):
         np.testing.assert_array_equal(broadcast[r], inputs[1])
 
 
