@@ -175,17 +175,20 @@ def is_initialized() -> bool:
 def _world() -> ProcessGroup:
     world = _runtime.world
     if world is None:
-        raise NotInitializedError(
-            "Default process group has not been initialized, please make sure to call init_process_group."
-        )
+        raise _not_initialized()
     return world
+
+
+def _not_initialized() -> NotInitializedError:
+    return NotInitializedError(
+        "Default process group has not been initialized, please make sure to call init_process_group."
+    )
 
 
 def _portal() -> LoopThread:
     portal = _runtime.portal
-    if portal is None:  # set and cleared with the world: _world() raises the error
-        _world()
-    assert portal is not None
+    if portal is None:  # set and cleared with the world
+        raise _not_initialized()
     return portal
 
 
@@ -217,6 +220,15 @@ def _group(group: ProcessGroup | int | None) -> ProcessGroup:
         _world()
         return _NOT_A_MEMBER  # type: ignore[return-value]
     return group
+
+
+def _group_and_portal(group: ProcessGroup | int | None) -> tuple[ProcessGroup, LoopThread]:
+    """:func:`_group`'s group and the loop its calls run on, in one lookup:
+    every blocking call asks for both."""
+    portal, world = _runtime.portal, _runtime.world
+    if portal is None or world is None:  # set and cleared together
+        raise _not_initialized()
+    return (world if group is None else _group(group)), portal
 
 
 def get_backend(group: ProcessGroup | None = None) -> str:

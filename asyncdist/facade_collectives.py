@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any, Callable, Coroutine, Sequence
 
 from .errors import InvalidArgumentError, OperationTimeoutError
-from .facade import _group, _group_peer, _portal
+from .facade import _group_and_portal, _group_peer
 from .process_group import ProcessGroup
 from .work import Work
 
@@ -67,10 +67,9 @@ def _submit(
         None if this rank is not in the group; else the Work if ``async_op``,
         else the operation's value once it has completed.
     """
-    g = _group(group)
+    g, portal = _group_and_portal(group)
     if g.rank < 0:
         return None
-    portal = _portal()
     if not async_op:  # one round trip to the loop thread: start, run and wait together
         return portal.run(operation(g), what=f"{what}()")
 
