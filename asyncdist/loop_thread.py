@@ -267,7 +267,7 @@ class LoopThread:
                     # a caller runs it: look again later (a wake-up per call would cost more)
                     idle = 0.0
                 self._changed.wait(IDLE_GRACE - idle + later)
-                later = min(2 * later or IDLE_GRACE, IDLE_LOOK_MAX)
+                later = min(2 * later or IDLE_GRACE, IDLE_LOOK_MAX)  # 0, 5, 10, 20 ... 100 ms
             return False
 
     # -- who runs the loop ---------------------------------------------------

@@ -22,20 +22,15 @@ from asyncdist.testing.fake_device import FakeDevice
 VALUES = np.array([1.0, 2.0, 3.0, 4.0])
 
 
+HANDED_OVER = "handed to the loop thread"
+
+
 @pytest.fixture
-def one_rank(fake):
-    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
-    try:
-        yield FakeDevice()
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(params=["caller runs the loop", "handed to the loop thread"])
-def one_rank_either_path(request, monkeypatch, fake):
-    """A blocking call runs in the calling thread, or is handed to the daemon
-    (which must then be told the caller's streams)."""
-    if request.param == "handed to the loop thread":
+def one_rank(request, monkeypatch, fake):
+    """A one-rank world. Its blocking calls run the loop in the calling thread,
+    or with the parameter ``HANDED_OVER`` go to the daemon, which must then be
+    told the caller's streams."""
+    if getattr(request, "param", None) == HANDED_OVER:
         monkeypatch.setenv(CALLER_RUNS_ENV, "0")
     dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
     try:
@@ -44,8 +39,9 @@ def one_rank_either_path(request, monkeypatch, fake):
         dist.destroy_process_group()
 
 
-def test_blocking_call_follows_the_callers_stream(one_rank_either_path):
-    dev = one_rank_either_path
+@pytest.mark.parametrize("one_rank", ["caller runs the loop", HANDED_OVER], indirect=True)
+def test_blocking_call_follows_the_callers_stream(one_rank):
+    dev = one_rank
     user = dev.new_stream("user")
     with dev.stream(user):  # the caller's current stream is not the loop thread's
         x = dev.empty(4, np.float64)
