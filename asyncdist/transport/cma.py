@@ -21,7 +21,10 @@ Settings (environment):
 * ``ASYNCDIST_CMA=0`` turns the transport off (default on where the system
   call exists).
 * ``ASYNCDIST_CMA_MIN_BYTES``: payloads from this size go by memory
-  (default 64 KiB); smaller ones are cheaper inline on the socket.
+  (default 512 KiB); smaller ones are cheaper inline on the socket. A
+  payload by memory costs a REMOTE header and a DONE back, about 0.1 ms of
+  Python at both ends, which saves the second copy only from about this
+  size here (2 ranks, 64-256 KiB: 10-45 % faster inline than by memory).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ __all__ = [
 
 _ENABLE_ENV = "ASYNCDIST_CMA"
 _MIN_BYTES_ENV = "ASYNCDIST_CMA_MIN_BYTES"
-_DEFAULT_MIN_BYTES = 64 * 1024
+_DEFAULT_MIN_BYTES = 512 * 1024
 _PROBE_BYTES = 16
 
 

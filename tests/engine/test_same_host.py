@@ -25,7 +25,7 @@ from asyncdist.wire import FrameDecoder, Header, Kind, encode_header
 
 pytestmark = pytest.mark.skipif(cma.local_token() is None, reason="cross-memory attach unavailable here")
 
-BIG = 1 << 20  # float32 elements: 4 MiB, far above the 64 KiB threshold
+BIG = 1 << 20  # float32 elements: 4 MiB, far above the 512 KiB threshold
 
 
 @pytest.fixture
