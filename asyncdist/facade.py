@@ -23,7 +23,8 @@ from typing import Any
 from .backends import parse_backend
 from .errors import AlreadyInitializedError, InvalidArgumentError, InvalidRankError, NotInitializedError
 from .process_group import ProcessGroup
-from .loop_thread import LoopThread, call_at_exit
+from .loop_exits import call_at_exit
+from .loop_thread import LoopThread
 from .rendezvous.store import Store
 from .work import Work
 from .world import init_world

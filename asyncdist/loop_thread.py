@@ -51,29 +51,23 @@ library is in use (:func:`asyncdist.gpu.callers.caller_context`).
 Ctrl-C during a call that runs the loop in the main thread cancels that
 call's coroutine (the operation fails on the other ranks with an ABORT, as
 for any cancellation) and then raises ``KeyboardInterrupt``; it never lands
-in the middle of a loop callback (see :class:`_MainThreadInterrupts`).
+in the middle of a loop callback (:mod:`asyncdist.loop_exits`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import logging
-import multiprocessing.util
 import os
-import signal
 import threading
 import time
-import weakref
 from typing import Any, Callable, Coroutine
 
+from . import loop_exits
 from .errors import WrongThreadError
 from .gpu.callers import caller_context
 from .loop_turns import Driver, spin_seconds
 
-__all__ = ["LoopThread", "new_event_loop", "call_at_exit", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX"]
-
-log = logging.getLogger("asyncdist")
+__all__ = ["LoopThread", "new_event_loop", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX"]
 
 #: "asyncio" or "uvloop": which event loop to use (default: uvloop where a
 #: loop runs in one thread for good, asyncio's for a LoopThread).
@@ -126,89 +120,15 @@ class _Slot:
         return self.value
 
 
-class _MainThreadInterrupts:
-    """Ctrl-C while the main thread runs a LoopThread's loop for a call.
-
-    Python runs signal handlers in the main thread between any two bytecodes,
-    so the default handler's ``KeyboardInterrupt`` could land inside a loop
-    callback (half a frame read). While the main thread runs a call, the
-    handler installed here cancels the call's coroutine instead; the call
-    then raises ``KeyboardInterrupt`` once its coroutine has ended.
-    Elsewhere it raises ``KeyboardInterrupt`` at once, as Python's default
-    does. The handler finds the call itself (the LoopThread whose loop the
-    main thread runs), so a call costs nothing for it.
-
-    Installed once per process, by the first LoopThread made in the main
-    thread, and only over Python's default handler (a handler of the
-    user's is left alone).
-    """
-
-    def __init__(self) -> None:
-        self._installed_in: int | None = None
-
-    def install(self) -> None:
-        if self._installed_in == os.getpid() or threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self._on_sigint)
-            self._installed_in = os.getpid()
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        me = threading.get_ident()
-        for portal in list(_running):
-            if portal._owner == me and portal._driver.running and not portal._interrupted:
-                portal._interrupted = True  # a second Ctrl-C does not wait
-                portal._driver.cancel()
-                return
-        signal.default_int_handler(signum, frame)
-
-
-_interrupts = _MainThreadInterrupts()
-
-
-def call_at_exit(fn: Callable[[], None], priority: int) -> None:
-    """Run ``fn`` when this process exits normally, also as a multiprocessing
-    child (which skips ``atexit``); higher ``priority`` runs first.
-
-    ``fn`` must be idempotent (it may be called twice) and runs only in the
-    process that registered it, not in forked children that inherit it.
-    """
-    pid = os.getpid()
-
-    def in_this_process() -> None:
-        if os.getpid() == pid:
-            try:
-                fn()
-            except Exception:  # exiting anyway: say why, and let the rest run
-                log.exception("asyncdist: cleanup at exit failed")
-
-    # threading's exit hooks run before thread pools shut down (atexit's run
-    # after), and closing a group still hands its store's close to one.
-    getattr(threading, "_register_atexit", atexit.register)(in_this_process)
-    multiprocessing.util.Finalize(None, in_this_process, exitpriority=priority)
-
-
-_running: weakref.WeakSet[LoopThread] = weakref.WeakSet()
-_stop_at_exit_registered_in: int | None = None
-
-
-def _stop_all() -> None:
-    for portal in list(_running):
-        portal.stop()
-
-
 class LoopThread:
     """An event loop, run by the calling thread during a blocking call and by
     a daemon thread when work must go on between calls (see the module doc).
 
-    A process that exits with the daemon still running the loop (a script
-    that never called ``destroy_process_group``) stops it first: interpreter
-    shutdown with a loop running on a daemon thread can crash the process
-    (SIGSEGV with uvloop; seen on about 40% of such exits here).
+    A process that exits with the daemon still running the loop stops it
+    first (:mod:`asyncdist.loop_exits`).
     """
 
     def __init__(self, name: str = "asyncdist-loop") -> None:
-        global _stop_at_exit_registered_in
         self.loop = new_event_loop(default="asyncio")
         self._caller_runs = os.environ.get(CALLER_RUNS_ENV, "1") != "0"
         # Who runs the loop: the thread holding _running_here, recorded in
@@ -223,13 +143,9 @@ class LoopThread:
         self._stopping = False
         self._driver = Driver(self.loop, spin_seconds())  # runs the blocking calls of whichever caller owns the loop
         self._interrupted = False  # Ctrl-C cancelled the main thread's call now running
-        _interrupts.install()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
-        _running.add(self)
-        if _stop_at_exit_registered_in != os.getpid():
-            _stop_at_exit_registered_in = os.getpid()
-            call_at_exit(_stop_all, priority=10)
+        loop_exits.register(self)
 
     # -- the daemon ----------------------------------------------------------
 
@@ -409,7 +325,16 @@ class LoopThread:
                 self._changed.wait()
         self._thread.join()
         self.loop.close()
-        _running.discard(self)
+        loop_exits.unregister(self)
+
+    def interrupt(self, thread: int) -> bool:
+        """Ctrl-C in ``thread``: cancel its call if it runs one on this loop
+        (see :mod:`asyncdist.loop_exits`); False if it does not."""
+        if self._owner != thread or not self._driver.running or self._interrupted:
+            return False
+        self._interrupted = True  # a second Ctrl-C does not wait
+        self._driver.cancel()
+        return True
 
 
 async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:

@@ -31,9 +31,10 @@ sleeping in the kernel, for up to :func:`spin_seconds`, and only then
 lets the loop sleep until the next event. A small operation between two
 ranks waits about 0.1-0.3 ms here; a thread that sleeps that long pays
 for its wake-up and resumes on a cold core (measured: an 8-byte all_reduce
-on 2 ranks took 370-430 us per call sleeping and 210-260 us spinning). MPI libraries poll the same way, and
-like them a Driver does not spin when the ranks on this host outnumber its
-cores: there the spin would take the core that the peer it waits for needs.
+on 2 ranks took 370-430 us per call sleeping and 210-260 us spinning). MPI
+libraries poll the same way, and like them a Driver does not spin when the
+ranks on this host outnumber its cores: there the spin would take the core
+that the peer it waits for needs.
 
 Turning the loop by hand uses ``BaseEventLoop._run_once``, asyncio's one
 iteration, private but unchanged since Python 3.4. Other loops (uvloop) and

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from asyncdist import loop_thread
+from asyncdist import loop_exits, loop_thread
 from asyncdist.errors import WrongThreadError
 from asyncdist.loop_thread import LoopThread
 from asyncdist.work import Work
@@ -153,11 +153,10 @@ def test_many_threads_calling_at_once_each_get_their_own_result(portal: LoopThre
 
 
 @pytest.fixture
-def fresh_sigint(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Python's default SIGINT handler, whatever earlier tests installed, and
-    asyncdist's hook not yet installed in this process."""
+def fresh_sigint() -> Iterator[None]:
+    """Python's default SIGINT handler, whatever earlier tests installed
+    (asyncdist's hook goes only over that one)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    monkeypatch.setattr(loop_thread, "_interrupts", loop_thread._MainThreadInterrupts())
     try:
         yield
     finally:
@@ -178,7 +177,7 @@ def test_ctrl_c_during_a_call_cancels_it_then_raises_keyboard_interrupt(fresh_si
             raise
 
     try:
-        assert signal.getsignal(signal.SIGINT) == loop_thread._interrupts._on_sigint
+        assert signal.getsignal(signal.SIGINT) == loop_exits._on_sigint
         with pytest.raises(KeyboardInterrupt):
             portal.run(interrupted())
         assert seen == ["cancelled"]
