@@ -17,7 +17,7 @@ Two faces over one core:
 from __future__ import annotations
 
 from . import errors
-from .facade import (
+from .facade.state import (
     destroy_process_group,
     get_backend,
     get_rank,
@@ -30,8 +30,8 @@ from .facade import (
     recv,
     send,
 )
-from .facade_batch import P2POp, batch_isend_irecv
-from .facade_collectives import (
+from .facade.batch import P2POp, batch_isend_irecv
+from .facade.collectives import (
     all_gather,
     all_gather_into_tensor,
     all_gather_single,
@@ -43,7 +43,7 @@ from .facade_collectives import (
     monitored_barrier,
     scatter,
 )
-from .facade_groups import (
+from .facade.groups import (
     GroupMember,
     group,
     get_global_rank,
@@ -55,7 +55,7 @@ from .facade_groups import (
     new_subgroups,
     new_subgroups_by_enumeration,
 )
-from .facade_objects import (
+from .facade.objects import (
     all_gather_object,
     broadcast_object_list,
     gather_object,
@@ -63,7 +63,7 @@ from .facade_objects import (
     scatter_object_list,
     send_object_list,
 )
-from .facade_reductions import (
+from .facade.reductions import (
     all_reduce,
     all_reduce_coalesced,
     reduce,
@@ -71,14 +71,14 @@ from .facade_reductions import (
     reduce_scatter_single,
     reduce_scatter_tensor,
 )
-from .process_group import ProcessGroup
-from .reduce_op import ReduceOp
+from .group.process_group import ProcessGroup
+from .reduce.op import ReduceOp
 from .rendezvous.file_store import FileStore
 from .rendezvous.hash_store import HashStore
 from .rendezvous.store import PrefixStore, Store
 from .rendezvous.tcp_store import TCPStore
-from .work import Work
-from .world import init_world
+from .group.work import Work
+from .group.world import init_world
 
 __version__ = "0.1.0"
 

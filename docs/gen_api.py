@@ -30,11 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import asyncdist  # noqa: E402
-from asyncdist import errors, gpu, ops, testing  # noqa: E402
+from asyncdist.reduce import kernels as ops  # noqa: E402
+from asyncdist import errors, gpu, testing
 from asyncdist.testing import fake_device  # noqa: E402
-from asyncdist.process_group import ProcessGroup  # noqa: E402
+from asyncdist.group.process_group import ProcessGroup  # noqa: E402
 from asyncdist.rendezvous.store import Store  # noqa: E402
-from asyncdist.work import Work  # noqa: E402
+from asyncdist.group.work import Work  # noqa: E402
 
 OUT = ROOT / "docs" / "api.md"
 PROBLEMS: list[str] = []
@@ -410,12 +411,12 @@ SECTIONS: list[Section] = [
     (
         "Reduction operators",
         "`ReduceOp` is importable as `asyncdist.ReduceOp`; `make_premul_sum` "
-        "lives in `asyncdist.ops`. Which op applies to which dtype is listed in "
+        "lives in `asyncdist.reduce.kernels`. Which op applies to which dtype is listed in "
         "the guide's *Supported dtypes*.",
         [
             cls("ReduceOp", ops.ReduceOp, ["factor"]),
-            cls("asyncdist.ops.RedOpType", ops.RedOpType, constructor=False),
-            fn("asyncdist.ops.make_premul_sum", ops.make_premul_sum),
+            cls("asyncdist.reduce.kernels.RedOpType", ops.RedOpType, constructor=False),
+            fn("asyncdist.reduce.kernels.make_premul_sum", ops.make_premul_sum),
         ],
     ),
     (

@@ -1,4 +1,4 @@
-"""Tests for asyncdist.buffers and asyncdist._torch: zero-copy views of every
+"""Tests for asyncdist.buffers.host and asyncdist._torch: zero-copy views of every
 NumPy and torch dtype, and the errors for what cannot be sent."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncdist._torch import is_torch_tensor, torch_or_none
-from asyncdist.buffers import (
+from asyncdist.buffers.host import (
     ITEMSIZES,
     HostBuffer,
     as_host_buffer,
@@ -229,7 +229,7 @@ def test_no_torch_import():
     code = (
         "import sys, numpy as np\n"
         "from asyncdist._torch import is_torch_tensor, torch_or_none\n"
-        "from asyncdist.buffers import as_host_buffer\n"
+        "from asyncdist.buffers.host import as_host_buffer\n"
         "assert as_host_buffer(np.zeros(3)).dtype == 'float64'\n"
         "assert not is_torch_tensor(np.zeros(3))\n"
         "assert 'torch' not in sys.modules\n"

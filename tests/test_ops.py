@@ -1,4 +1,4 @@
-"""Tests for asyncdist.ops: every op on every dtype against an independent
+"""Tests for asyncdist.reduce.kernels: every op on every dtype against an independent
 reference, the dtype rules, and ReduceOp's torch-compatible surface.
 
 The references here do not share code with the implementation: integer and
@@ -23,11 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from asyncdist import ops
+from asyncdist.reduce import kernels as ops
 from asyncdist._torch import torch_or_none
-from asyncdist.buffers import as_host_buffer, numpy_view
+from asyncdist.buffers.host import as_host_buffer, numpy_view
 from asyncdist.errors import InvalidArgumentError
-from asyncdist.ops import RedOpType, ReduceOp, make_premul_sum
+from asyncdist.reduce.kernels import RedOpType, ReduceOp, make_premul_sum
 
 torch = torch_or_none()
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")

@@ -4,7 +4,7 @@ A :class:`Case` turns a *communicator* and a :class:`Point` into the list
 of calls that make up one timed iteration. A communicator is anything with
 torch.distributed's method names: the ``torch.distributed`` module (gloo),
 the ``asyncdist`` module (the blocking facade) or an asyncdist
-:class:`~asyncdist.process_group.ProcessGroup` (the await API, whose methods return
+:class:`~asyncdist.group.process_group.ProcessGroup` (the await API, whose methods return
 coroutines). The names and arguments agree, so one definition serves all
 three; the timing loops in :mod:`asyncdist.bench.loops` call, or await, the
 calls.

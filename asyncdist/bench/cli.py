@@ -26,7 +26,7 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-from ..loop_thread import LOOP_ENV
+from ..loop.thread import LOOP_ENV
 from . import plot, report
 from .cases import CASES, jobs
 from .ddp import mlp_params, mlp_width

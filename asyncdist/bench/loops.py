@@ -120,7 +120,7 @@ def facade_rank(plan: Plan) -> list[Sample]:
     in the same processes, not of two series run minutes apart.
     """
     import asyncdist as dist
-    from ..facade import _portal, _world
+    from ..facade.state import _portal, _world
 
     dist.init_process_group()
     try:
@@ -175,7 +175,7 @@ async def _time_await(calls: Calls, iters: int) -> float:
 
 
 async def _measure_await(world: Any, plan: Plan, job: Job) -> Sample:
-    from ..reduce_op import ReduceOp
+    from ..reduce.op import ReduceOp
 
     calls = _calls(world, plan, job, world.rank)
     estimate = _estimate([await _time_await(calls, 1) for _ in range(plan.warmup)], plan)
@@ -190,7 +190,7 @@ async def _measure_await(world: Any, plan: Plan, job: Job) -> Sample:
 
 
 async def _await_main(plan: Plan) -> list[Sample]:
-    from ..world import init_world
+    from ..group.world import init_world
 
     world = await init_world()
     try:
@@ -202,7 +202,7 @@ async def _await_main(plan: Plan) -> list[Sample]:
 def await_rank(plan: Plan) -> list[Sample]:
     """Rank body: measure every job through the await API, on asyncdist's
     event loop (uvloop unless ``ASYNCDIST_LOOP=asyncio``) in this thread."""
-    from ..loop_thread import new_event_loop
+    from ..loop.thread import new_event_loop
 
     loop = new_event_loop()
     try:

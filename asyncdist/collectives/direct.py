@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from ..buffers import HostBuffer
+from ..buffers.host import HostBuffer
 
 if TYPE_CHECKING:
-    from ..channel import Channel
+    from ..engine.channel import Channel
 
 __all__ = ["direct_gather", "direct_scatter", "direct_all_to_all"]
 

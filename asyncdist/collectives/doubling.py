@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import ops
-from ..buffers import HostBuffer, scratch_buffer
+from ..reduce import kernels as ops
+from ..buffers.host import HostBuffer, scratch_buffer
 
 if TYPE_CHECKING:
-    from ..channel import Channel
+    from ..engine.channel import Channel
 
 __all__ = ["recursive_doubling_all_reduce"]
 

@@ -12,12 +12,12 @@ with the transfer of the next. Receives are posted ahead of the data (two
 steps ahead in the reduce-scatter, all of them in the all-gather) so that
 payloads land in their final buffers instead of being staged. In the
 reduce-scatter that final buffer is the slot itself: the receive *folds*
-the chunk into it as it is read (:func:`asyncdist.ops.folder`), so a chunk
+the chunk into it as it is read (:func:`asyncdist.reduce.kernels.folder`), so a chunk
 read from a same-host peer's memory is added while it is still in cache,
 and is never written to memory of its own.
 
 Chunks are a link's choice, the same at both of its ends (see
-:meth:`~asyncdist.channel.Channel.by_memory`): :data:`CHUNK_BYTES` over a
+:meth:`~asyncdist.engine.channel.Channel.by_memory`): :data:`CHUNK_BYTES` over a
 socket, where transfer and reduction overlap; :data:`MEMORY_CHUNK_BYTES`
 between ranks that read each other's memory, where the receiver does the
 copy itself, so there is nothing to overlap and every message only costs
@@ -34,13 +34,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from .. import ops
-from ..buffers import ITEMSIZES, HostBuffer
-from ..matching import PostedRecv
+from ..reduce import kernels as ops
+from ..buffers.host import ITEMSIZES, HostBuffer
+from ..engine.matching import PostedRecv
 from .direct import direct_gather, direct_scatter
 
 if TYPE_CHECKING:
-    from ..channel import Channel
+    from ..engine.channel import Channel
 
 __all__ = [
     "CHUNK_BYTES",

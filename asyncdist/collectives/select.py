@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Awaitable
 
-from ..buffers import HostBuffer
+from ..buffers.host import HostBuffer
 from .doubling import recursive_doubling_all_reduce
 from .ring import ring_all_reduce, ring_reduce, scatter_ring_broadcast
 from .tree import binomial_broadcast, binomial_reduce
 
 if TYPE_CHECKING:
-    from ..channel import Channel
+    from ..engine.channel import Channel
 
 __all__ = ["all_reduce", "broadcast", "reduce", "SMALL_MESSAGE_BYTES", "SCATTER_BROADCAST_MIN_RANKS"]
 

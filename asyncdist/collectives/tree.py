@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import ops
-from ..buffers import HostBuffer
-from ..scratch import pool
+from ..reduce import kernels as ops
+from ..buffers.host import HostBuffer
+from ..buffers.scratch import pool
 
 if TYPE_CHECKING:
-    from ..channel import Channel
+    from ..engine.channel import Channel
 
 __all__ = ["binomial_broadcast", "binomial_reduce"]
 

@@ -35,7 +35,7 @@ def use_nccl(group: Any, store: Any = None) -> None:
     member must make it), with its unique id passed through ``store``.
 
     Args:
-        group: a :class:`~asyncdist.process_group.ProcessGroup` this rank is in.
+        group: a :class:`~asyncdist.group.process_group.ProcessGroup` this rank is in.
         store: the store all members share (default: the group's own, which
             ``init_world`` sets on the world and ``new_group`` passes on).
 

@@ -9,7 +9,7 @@ caller's streams across:
 
 * :func:`caller_context` runs on the user's thread when a blocking-facade
   call is handed to the loop in another thread, or starts operations that
-  go on after it returns (:class:`~asyncdist.loop_thread.LoopThread`); it
+  go on after it returns (:class:`~asyncdist.loop.thread.LoopThread`); it
   snapshots the current stream of every live adapter into a context
   variable of a copied context, and the loop runs the call in that context,
   so the operation's task sees it. When no GPU library is in use it returns

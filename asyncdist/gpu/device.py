@@ -35,7 +35,7 @@ from typing import Any, Callable, ContextManager, Hashable, Iterable, Protocol, 
 import numpy as np
 
 from .._torch import is_torch_tensor
-from ..reduce_op import RedOpType, ReduceOp
+from ..reduce.op import RedOpType, ReduceOp
 
 __all__ = ["DeviceAdapter", "register_adapter", "unregister_adapter", "adapter_for", "any_device", "live_adapters"]
 
@@ -55,7 +55,7 @@ class DeviceAdapter(Protocol):
     def device_of(self, array: Any) -> Hashable:
         """The device an array lives on (an index, or any hashable key)."""
     def dtype_name(self, array: Any) -> str:
-        """The canonical dtype name (a key of :data:`asyncdist.buffers.ITEMSIZES`)."""
+        """The canonical dtype name (a key of :data:`asyncdist.buffers.host.ITEMSIZES`)."""
     def shape(self, array: Any) -> tuple[int, ...]: ...
     def nbytes(self, array: Any) -> int: ...
     def problem(self, array: Any) -> str | None:
@@ -80,7 +80,7 @@ class DeviceAdapter(Protocol):
         """``nbytes`` of page-locked host memory, as a 1-D uint8 host array."""
     def host_view(self, pinned: Any, array: Any) -> Any:
         """A host object over ``pinned``'s first bytes with ``array``'s dtype and shape,
-        of a kind :func:`asyncdist.buffers.as_host_buffer` accepts."""
+        of a kind :func:`asyncdist.buffers.host.as_host_buffer` accepts."""
     def copy_to_host(self, pinned: Any, array: Any, start: int, stop: int, stream: Any) -> None:
         """Queue a copy of ``array``'s bytes ``[start, stop)`` into the same bytes of ``pinned``."""
     def copy_to_device(self, array: Any, pinned: Any, start: int, stop: int, stream: Any) -> None:

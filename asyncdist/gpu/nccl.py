@@ -42,7 +42,7 @@ from .device import DeviceAdapter, adapter_for
 from .nccl_ops import ISSUERS, Issue
 from .operands import SPECS
 from .poll import wait_events
-from .staging import device_errors
+from .pinned_staging import device_errors
 
 __all__ = ["NcclBackend"]
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..buffers import describe
+from ..buffers.host import describe
 from ..errors import InvalidArgumentError
-from ..reduce_op import RedOpType, _resolve, check_op
+from ..reduce.op import RedOpType, _resolve, check_op
 from .device import DeviceAdapter
 
 __all__ = ["Issue", "ISSUERS", "NCCL_DTYPES"]

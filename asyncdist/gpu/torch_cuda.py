@@ -20,7 +20,7 @@ import threading
 from typing import Any, ContextManager, Hashable
 
 from .._torch import torch_or_none
-from ..buffers import torch_layout_problem
+from ..buffers.host import torch_layout_problem
 
 __all__ = ["TorchCudaAdapter"]
 

@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, urlparse
 
 from ..errors import InvalidArgumentError, InvalidRankError, RendezvousError, StoreError
 from .file_store import FileStore
-from .launchers import LAUNCHER_HINT, AttemptStore, placement
+from .environments import LAUNCHER_HINT, AttemptStore, placement
 from .store import Store
 from .tcp_store import TCPStore
 from .torch_store import AGENT_STORE_KIND_ENV, agent_store_is_torchs, torch_store_client

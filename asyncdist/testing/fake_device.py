@@ -387,7 +387,8 @@ def install() -> FakeAdapter:
 
 def uninstall(adapter: FakeAdapter) -> None:
     """Remove an adapter added by :func:`install`."""
-    from ..gpu import pinned_pool, staging
+    from ..gpu import pinned_staging as staging
+    from ..gpu import pinned_pool
     from ..gpu.device import unregister_adapter
 
     unregister_adapter(adapter)

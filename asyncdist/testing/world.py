@@ -1,6 +1,6 @@
 """``local_world``: n ranks in the current event loop, over real loopback sockets.
 
-Every rank is a full :class:`~asyncdist.process_group.ProcessGroup` with its own
+Every rank is a full :class:`~asyncdist.group.process_group.ProcessGroup` with its own
 engine and its own authenticated TCP connections; only the process is shared.
 This makes multi-rank tests of the await API fast and deterministic, and lets
 one test drive all ranks with ``asyncio.gather``.
@@ -13,9 +13,9 @@ import contextlib
 from datetime import timedelta
 from typing import AsyncIterator
 
-from ..process_group import ProcessGroup
+from ..group.process_group import ProcessGroup
 from ..rendezvous.hash_store import HashStore
-from ..world import init_world
+from ..group.world import init_world
 
 __all__ = ["local_world"]
 

@@ -11,7 +11,7 @@ Each torch group is its own asyncdist world, bootstrapped over that store
 its own engine and connections, with the group's ranks as the world's ranks.
 Subgroups cannot share the default group's engine, because asyncdist numbers
 a group's message contexts by the order in which *every* rank creates groups
-(:mod:`asyncdist.group_subgroups`), and torch never calls the creator on the
+(:mod:`asyncdist.group.subgroups`), and torch never calls the creator on the
 ranks outside a new group, so those ranks could not keep count. A world per
 group needs no such agreement, at the cost of one connection per pair of
 members per group.
@@ -22,7 +22,7 @@ attempt, so a restarted process would find its rank already claimed by the
 last attempt. The keys therefore also go under the attempt,
 ``TORCHELASTIC_RESTART_COUNT`` (0 when unset), read when the group is created.
 
-Every group of the process lives on one :class:`~asyncdist.loop_thread.LoopThread`,
+Every group of the process lives on one :class:`~asyncdist.loop.thread.LoopThread`,
 started by the first group and stopped when the last one is shut down
 (``destroy_process_group``). :data:`_runtime` is the one object that holds it.
 
@@ -37,9 +37,9 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from ..loop_thread import LoopThread
+from ..loop.thread import LoopThread
 from ..rendezvous.torch_store import TorchStore
-from ..world import init_world
+from ..group.world import init_world
 from .process_group import AsyncdistProcessGroup
 
 __all__ = ["create_backend"]

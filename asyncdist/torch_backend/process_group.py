@@ -5,7 +5,7 @@ tensors, ``*Options`` structs with a ``reduceOp`` and a ``rootRank``); each
 one picks out what asyncdist's await API takes, starts that coroutine (or
 ``isend``/``irecv``) on the backend's loop thread, and returns a
 :class:`~.work.TorchWork` at once. Checks, algorithms and error messages all
-live below, in :class:`asyncdist.process_group.ProcessGroup`: this class
+live below, in :class:`asyncdist.group.process_group.ProcessGroup`: this class
 only translates.
 
 Which names: torch's Python functions call ``allreduce``, ``broadcast``,
@@ -38,9 +38,9 @@ from typing import Any, Callable, Coroutine, Sequence
 import torch.distributed as tdist
 
 from ..errors import InvalidArgumentError
-from ..loop_thread import LoopThread
-from ..process_group import ProcessGroup
-from ..work import Work
+from ..loop.thread import LoopThread
+from ..group.process_group import ProcessGroup
+from ..group.work import Work
 from .work import TorchWork
 
 __all__ = ["AsyncdistProcessGroup", "BACKEND_NAME"]

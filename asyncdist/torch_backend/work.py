@@ -1,7 +1,7 @@
 """``TorchWork``: an asyncdist operation, as the ``Work`` torch.distributed expects.
 
 Every method of the backend returns one. It wraps the asyncdist
-:class:`~asyncdist.work.Work` of an operation already running on the
+:class:`~asyncdist.group.work.Work` of an operation already running on the
 backend's loop thread, so torch's calling thread never waits for more than
 the hop that starts the operation; ``wait()`` then blocks for as long as the
 caller asks, and raises the operation's own asyncdist error
@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from ..work import Work
+from ..group.work import Work
 
 __all__ = ["TorchWork", "COMPLETIONS"]
 
@@ -54,7 +54,7 @@ COMPLETIONS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="asyncdist-to
 
 
 class TorchWork(tdist.Work):
-    """torch's ``Work`` over an asyncdist :class:`~asyncdist.work.Work`.
+    """torch's ``Work`` over an asyncdist :class:`~asyncdist.group.work.Work`.
 
     Args:
         work: the running operation (its value is the sender's group rank for

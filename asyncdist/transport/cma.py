@@ -8,7 +8,7 @@ transports use for large messages) the receiver copies the payload straight
 from the sender's buffer into its own, in one system call; the sender spends
 no CPU on it at all. The socket still carries the header and, back, a DONE
 frame that tells the sender its buffer may be reused (see
-:mod:`asyncdist.wire`, ``Kind.REMOTE``).
+:mod:`asyncdist.wire.frames`, ``Kind.REMOTE``).
 
 Whether a peer's memory can be read is not guessed from host names: during
 the handshake each rank shows the address and contents of a small random

@@ -1,7 +1,7 @@
 """Opening connections: listen, dial, and run the handshake over a socket.
 
 This module does the I/O of the handshake whose logic lives in
-:mod:`asyncdist.handshake`. It hands back sockets that passed it; the engine
+:mod:`asyncdist.wire.handshake`. It hands back sockets that passed it; the engine
 wraps them in :class:`~asyncdist.transport.stream.Connection`.
 
 A connection that fails the handshake is answered with a REJECT (where the
@@ -16,8 +16,8 @@ import logging
 import socket
 
 from ..errors import FrameTooLargeError, HandshakeError, PeerLostError, ProtocolError
-from ..handshake import Acceptor, Dialer, Identity, PeerAccess, message_length, reject_message
-from ..wire import PREFIX
+from ..wire.handshake import Acceptor, Dialer, Identity, PeerAccess, message_length, reject_message
+from ..wire.frames import PREFIX
 
 __all__ = ["open_listener", "dial", "accept_handshake", "tune_socket"]
 

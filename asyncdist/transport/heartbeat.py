@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from ..errors import InvalidArgumentError, PeerLostError
-from ..wire import Header, Kind, encode_header
+from ..wire.frames import Header, Kind, encode_header
 from .stream import Connection
 
 __all__ = ["HeartbeatConfig", "Heartbeat", "INTERVAL_ENV", "TIMEOUT_ENV"]

@@ -19,12 +19,12 @@ import logging
 import socket
 from typing import Callable
 
-from ..handshake import Identity, PeerAccess
+from ..wire.handshake import Identity, PeerAccess
 from .connect import accept_handshake, dial, open_listener
 
 __all__ = ["Mesh"]
 
-log = logging.getLogger("asyncdist.engine")
+log = logging.getLogger("asyncdist.engine.engine")
 
 
 class Mesh:

@@ -2,7 +2,7 @@
 
 A :class:`Connection` owns a connected, non-blocking socket after its
 handshake. It reads with ``recv_into`` straight into whatever view the
-:class:`~asyncdist.wire.FrameDecoder` names (the user's buffer for a large
+:class:`~asyncdist.wire.frames.FrameDecoder` names (the user's buffer for a large
 matched payload) and writes with ``sendmsg`` from memoryviews of the user's
 arrays, so neither direction copies a payload in user space.
 
@@ -41,9 +41,9 @@ from collections import deque
 from typing import Callable
 
 from ..errors import PeerLostError, ProtocolError
-from ..matching import Fold
-from ..scratch import pool
-from ..wire import FrameDecoder, Header, Kind, encode_header
+from ..engine.matching import Fold
+from ..buffers.scratch import pool
+from ..wire.frames import FrameDecoder, Header, Kind, encode_header
 from . import cma
 
 __all__ = ["Connection"]

@@ -13,8 +13,8 @@ from typing import Any, Callable, Coroutine
 
 import pytest
 
-from asyncdist.process_group import ProcessGroup
-from asyncdist.loop_thread import LoopThread
+from asyncdist.group.process_group import ProcessGroup
+from asyncdist.loop.thread import LoopThread
 from asyncdist.testing import local_world
 
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncdist import ops
-from asyncdist.ops import ReduceOp
+from asyncdist.reduce import kernels as ops
+from asyncdist.reduce.kernels import ReduceOp
 
 try:
     import torch

@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 
-from asyncdist.ops import ReduceOp
+from asyncdist.reduce.kernels import ReduceOp
 from asyncdist.testing import local_world
 
 

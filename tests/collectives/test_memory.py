@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asyncdist.scratch import ScratchPool
+from asyncdist.buffers.scratch import ScratchPool
 from asyncdist.testing import spawn
 
 SIZE = 16 << 20  # bytes: ring-sized, 16 chunks per rank pair
@@ -24,7 +24,7 @@ def _all_reduce_peak(nbytes: int) -> tuple[int, bool]:
     import tracemalloc
 
     import asyncdist as dist
-    from asyncdist.scratch import pool
+    from asyncdist.buffers.scratch import pool
 
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from asyncdist.errors import CollectiveMismatchError, PeerLostError
-from asyncdist.ops import ReduceOp
+from asyncdist.reduce.kernels import ReduceOp
 from asyncdist.testing import local_world
 
 

@@ -16,11 +16,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from asyncdist.buffers import as_host_buffer
-from asyncdist.channel import Channel
+from asyncdist.buffers.host import as_host_buffer
+from asyncdist.engine.channel import Channel
 from asyncdist.collectives import ring
 from asyncdist.collectives.select import SCATTER_BROADCAST_MIN_RANKS
-from asyncdist.ops import ReduceOp
+from asyncdist.reduce.kernels import ReduceOp
 from asyncdist.testing import local_world
 
 COUNT = 70_001  # float32 elements: 273 KiB, a ring-sized call with uneven slots

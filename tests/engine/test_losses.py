@@ -1,13 +1,13 @@
-"""Which lost peer dooms which receive: the rules of asyncdist.losses, case by case."""
+"""Which lost peer dooms which receive: the rules of asyncdist.engine.losses, case by case."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncdist.buffers import HostBuffer
+from asyncdist.buffers.host import HostBuffer
 from asyncdist.errors import PeerLostError
-from asyncdist.losses import Losses
-from asyncdist.matching import PostedRecv
+from asyncdist.engine.losses import Losses
+from asyncdist.engine.matching import PostedRecv
 
 
 def receive(src: int | None, sources=(), op: str | None = None) -> PostedRecv:

@@ -1,4 +1,4 @@
-"""Tests for asyncdist.matching: the Matcher against a plain list-based model
+"""Tests for asyncdist.engine.matching: the Matcher against a plain list-based model
 of the MPI matching rules, fed random interleavings of receives posted,
 messages arriving, receives withdrawn and peers lost (no loop, no socket).
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncdist.buffers import HostBuffer
-from asyncdist.matching import Inbound, Matcher, PostedRecv
-from asyncdist.wire import Header, Kind
+from asyncdist.buffers.host import HostBuffer
+from asyncdist.engine.matching import Inbound, Matcher, PostedRecv
+from asyncdist.wire.frames import Header, Kind
 
 RANKS = (0, 1, 2)
 

@@ -8,7 +8,7 @@ import socket
 import numpy as np
 import pytest
 
-import asyncdist.mailbox
+import asyncdist.engine.mailbox
 from asyncdist.errors import (
     BufferMismatchError,
     InvalidArgumentError,
@@ -18,7 +18,7 @@ from asyncdist.errors import (
     UnsupportedBufferError,
     WrongThreadError,
 )
-from asyncdist.scratch import ScratchPool
+from asyncdist.buffers.scratch import ScratchPool
 from asyncdist.testing import local_world
 
 WORLD_SIZES = [2, 4]
@@ -136,8 +136,8 @@ async def test_large_receive_lands_in_the_posted_buffer_without_a_staging_copy(m
         staged.append(n)
         return real_empty(n, dtype)
 
-    monkeypatch.setattr(asyncdist.mailbox.np, "empty", counting_empty)
-    monkeypatch.setattr(asyncdist.mailbox, "pool", ScratchPool())  # empty: no block to reuse
+    monkeypatch.setattr(asyncdist.engine.mailbox.np, "empty", counting_empty)
+    monkeypatch.setattr(asyncdist.engine.mailbox, "pool", ScratchPool())  # empty: no block to reuse
     data = np.arange(4 << 20, dtype=np.float32)  # 16 MiB
     out = np.zeros_like(data)
     async with local_world(2) as (a, b):

@@ -14,14 +14,14 @@ import socket
 import numpy as np
 import pytest
 
-from asyncdist import ops
-from asyncdist.buffers import as_host_buffer
+from asyncdist.reduce import kernels as ops
+from asyncdist.buffers.host import as_host_buffer
 from asyncdist.errors import BufferMismatchError, PeerLostError, ProtocolError
-from asyncdist.ops import ReduceOp
+from asyncdist.reduce.kernels import ReduceOp
 from asyncdist.testing import local_world, spawn
 from asyncdist.transport import cma, stream
 from asyncdist.transport.stream import Connection
-from asyncdist.wire import FrameDecoder, Header, Kind, encode_header
+from asyncdist.wire.frames import FrameDecoder, Header, Kind, encode_header
 
 pytestmark = pytest.mark.skipif(cma.local_token() is None, reason="cross-memory attach unavailable here")
 

@@ -18,10 +18,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from asyncdist import loop_exits, loop_thread
+from asyncdist.loop import exits as loop_exits
+from asyncdist.loop import thread as loop_thread
 from asyncdist.errors import WrongThreadError
-from asyncdist.loop_thread import LoopThread
-from asyncdist.work import Work
+from asyncdist.loop.thread import LoopThread
+from asyncdist.group.work import Work
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 import os
 
-from asyncdist.loop_turns import DEFAULT_SPIN_SECONDS, Driver, spin_seconds
+from asyncdist.loop.turns import DEFAULT_SPIN_SECONDS, Driver, spin_seconds
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_drive_var", default="unset")
 

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from asyncdist.gpu.device import adapter_for
-from asyncdist.loop_thread import LoopThread
-from asyncdist.process_group import ProcessGroup
+from asyncdist.loop.thread import LoopThread
+from asyncdist.group.process_group import ProcessGroup
 from asyncdist.testing import fake_device, local_world
 from asyncdist.testing.fake_device import FakeDevice
 

@@ -7,12 +7,12 @@ import importlib.util
 import numpy as np
 import pytest
 
-from asyncdist.buffers import ITEMSIZES, as_host_buffer
+from asyncdist.buffers.host import ITEMSIZES, as_host_buffer
 from asyncdist.errors import DeviceError, InvalidArgumentError
-from asyncdist.reduce_op import ReduceOp, make_premul_sum
+from asyncdist.reduce.op import ReduceOp, make_premul_sum
 from asyncdist.gpu.device import any_device, register_adapter, unregister_adapter
 from asyncdist.gpu.nccl import _id_bytes, _id_tuple
-from asyncdist.gpu.staging import device_errors
+from asyncdist.gpu.pinned_staging import device_errors
 
 torch = pytest.importorskip("torch")
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import asyncdist as dist
-from asyncdist.backends import parse_backend
+from asyncdist.facade.backends import parse_backend
 from asyncdist.errors import InvalidArgumentError
 from asyncdist.rendezvous.hash_store import HashStore
 from asyncdist.testing.fake_device import FakeDevice

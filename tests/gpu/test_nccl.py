@@ -18,7 +18,7 @@ import pytest
 
 from asyncdist.errors import InvalidArgumentError
 from asyncdist.gpu import use_nccl
-from asyncdist.reduce_op import ReduceOp, make_premul_sum
+from asyncdist.reduce.op import ReduceOp, make_premul_sum
 from asyncdist.testing import fake_nccl
 
 SIZES = [1, 2, 3]

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from asyncdist.errors import AsyncDistError, OperationTimeoutError, UnsupportedBufferError
-from asyncdist.gpu import staging
-from asyncdist.reduce_op import ReduceOp, make_premul_sum
+from asyncdist.gpu import pinned_staging as staging
+from asyncdist.reduce.op import ReduceOp, make_premul_sum
 
 SIZES = [1, 2, 3, 4]
 

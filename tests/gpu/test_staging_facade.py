@@ -14,9 +14,9 @@ import pytest
 
 import asyncdist as dist
 from asyncdist.errors import AsyncDistError, OperationTimeoutError
-from asyncdist.loop_thread import CALLER_RUNS_ENV
+from asyncdist.loop.thread import CALLER_RUNS_ENV
 from asyncdist.rendezvous.hash_store import HashStore
-from asyncdist.reduce_op import make_premul_sum
+from asyncdist.reduce.op import make_premul_sum
 from asyncdist.testing.fake_device import FakeDevice
 
 VALUES = np.array([1.0, 2.0, 3.0, 4.0])

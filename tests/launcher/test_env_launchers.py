@@ -8,7 +8,7 @@ import pytest
 import asyncdist as dist
 from asyncdist.errors import ClosedError, RendezvousError
 from asyncdist.rendezvous.init_method import parse_store_address, resolve, store_address
-from asyncdist.rendezvous.launchers import AttemptStore, Placement, local_rank_from_env, placement
+from asyncdist.rendezvous.environments import AttemptStore, Placement, local_rank_from_env, placement
 from asyncdist.rendezvous.tcp_store import TCPStore
 
 SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",

@@ -13,7 +13,7 @@ from asyncdist.errors import InvalidArgumentError, PeerLostError
 from asyncdist.rendezvous.hash_store import HashStore
 from asyncdist.testing import local_world
 from asyncdist.transport.heartbeat import INTERVAL_ENV, TIMEOUT_ENV, Heartbeat, HeartbeatConfig
-from asyncdist.wire import Kind, decode_header
+from asyncdist.wire.frames import Kind, decode_header
 
 # -- configuration ---------------------------------------------------------------
 

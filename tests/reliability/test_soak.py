@@ -21,8 +21,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from asyncdist.ops import ReduceOp
-from asyncdist.process_group import ProcessGroup
+from asyncdist.reduce.kernels import ReduceOp
+from asyncdist.group.process_group import ProcessGroup
 from asyncdist.testing import local_world
 
 N = 4

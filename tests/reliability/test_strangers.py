@@ -27,14 +27,14 @@ import msgpack
 import numpy as np
 import pytest
 
-from asyncdist.engine import Engine
+from asyncdist.engine.engine import Engine
 from asyncdist.errors import PeerLostError
-from asyncdist.handshake import MAGIC, PROTOCOL_VERSION, Identity, encode_message
-from asyncdist.process_group import ProcessGroup
+from asyncdist.wire.handshake import MAGIC, PROTOCOL_VERSION, Identity, encode_message
+from asyncdist.group.process_group import ProcessGroup
 from asyncdist.testing import local_world
 from asyncdist.transport.connect import dial
 from asyncdist.transport.heartbeat import HeartbeatConfig
-from asyncdist.wire import MAX_HEADER_BYTES, PREFIX, Header, Kind, encode_header
+from asyncdist.wire.frames import MAX_HEADER_BYTES, PREFIX, Header, Kind, encode_header
 
 # -- strangers: the handshake -------------------------------------------------------
 

@@ -25,7 +25,7 @@ import pytest
 import asyncdist as dist
 from asyncdist.errors import OperationTimeoutError
 from asyncdist.testing import local_world, spawn
-from asyncdist.work import Work
+from asyncdist.group.work import Work
 
 TIMEOUT = 0.3
 ABSENT = 2  # the rank that does not come

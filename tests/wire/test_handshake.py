@@ -1,4 +1,4 @@
-"""Tests for asyncdist.handshake: a Dialer and an Acceptor wired together in
+"""Tests for asyncdist.wire.handshake: a Dialer and an Acceptor wired together in
 memory, each one's output fed to the other, and every way a stranger, a rank
 of another job or a replay is refused.
 
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncdist.errors import FrameTooLargeError, HandshakeError, ProtocolError
-from asyncdist.handshake import (
+from asyncdist.wire.handshake import (
     MAGIC,
     MAX_HANDSHAKE_BYTES,
     PROTOCOL_VERSION,
@@ -30,7 +30,7 @@ from asyncdist.handshake import (
     reject_message,
 )
 from asyncdist.transport import cma
-from asyncdist.wire import PREFIX
+from asyncdist.wire.frames import PREFIX
 
 SECRET = b"job-secret-0123456789abcdef"
 JOB = "job-42"

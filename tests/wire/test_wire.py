@@ -1,4 +1,4 @@
-"""Tests for asyncdist.wire: the header codec and the FrameDecoder, fed bytes
+"""Tests for asyncdist.wire.frames: the header codec and the FrameDecoder, fed bytes
 in every split a socket could produce (no loop, no socket).
 
 The emulated socket does what ``recv_into`` does: it copies at most
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncdist.errors import FrameTooLargeError, ProtocolError
-from asyncdist.wire import (
+from asyncdist.wire.frames import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DIRECT_READ_MIN_BYTES,
     MAX_HEADER_BYTES,

@@ -1,0 +1,58 @@
+"""Contiguous stand-ins for non-contiguous arrays in collectives.
+
+torch.distributed's gloo backend accepts non-contiguous tensors in most
+collectives (not in send/recv or ``all_to_all_single``) and handles them by
+copying. :func:`staged` gives the collective a contiguous buffer and, for
+outputs, a function that copies the result back into the user's object.
+Contiguous objects (the common case) pass through without a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .._torch import is_torch_tensor
+from .host import HostBuffer, as_host_buffer
+from ..errors import UnsupportedBufferError
+
+__all__ = ["staged", "Writeback"]
+
+Writeback = Callable[[], None]
+
+
+def _nothing() -> None:
+    return None
+
+
+def _is_non_contiguous(obj: Any) -> bool:
+    if is_torch_tensor(obj):
+        return not obj.is_contiguous()
+    return isinstance(obj, np.ndarray) and not obj.flags.c_contiguous
+
+
+def staged(obj: Any, *, writable: bool, name: str = "tensor") -> tuple[HostBuffer, Writeback]:
+    """A contiguous host buffer for ``obj`` and the function that writes a
+    result back into ``obj`` (a no-op unless a copy had to be made).
+
+    Raises:
+        UnsupportedBufferError: ``obj`` cannot be used at all (type, device).
+    """
+    try:
+        return as_host_buffer(obj, writable=writable, name=name), _nothing
+    except UnsupportedBufferError:
+        if not _is_non_contiguous(obj):
+            raise
+    copy = obj.contiguous() if is_torch_tensor(obj) else np.ascontiguousarray(obj)
+    buf = as_host_buffer(copy, writable=writable, name=name)
+    if not writable:
+        return buf, _nothing
+
+    def write_back() -> None:
+        if is_torch_tensor(obj):
+            obj.copy_(copy)
+        else:
+            np.copyto(obj, copy)
+
+    return buf, write_back

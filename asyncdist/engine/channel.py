@@ -1,0 +1,235 @@
+"""``Channel``: the point-to-point view one collective call has of its group.
+
+Collective algorithms (``asyncdist.collectives``) are written against a
+Channel only: peers are group ranks, buffers are host buffers. The channel
+adds what every message of the call needs: the group's collective context,
+the call's sequence number as the tag (so calls never mix), the call's
+description in every header (so ranks in different calls are detected,
+not corrupted), and the call's deadline on every wait.
+
+A channel also keeps the receives and sends of its call that are still
+pending, so that it can say at any moment which peers the call waits on
+(:meth:`Channel.awaited`). That one answer words both the call's own
+timeout and the timeout of a ``Work.wait`` on the operation that made the
+call (a channel is a :class:`~asyncdist.engine.progress.Step`, registered with the
+Work's :class:`~asyncdist.engine.progress.Progress` when it opens).
+
+Also here: :func:`wait_until`, the one way an operation waits for a future
+with a deadline and withdraws what it posted when it gives up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, TypeVar
+
+from .abort import is_relayed
+from ..buffers.host import HostBuffer
+from .engine import Engine
+from ..errors import AsyncDistError, OperationTimeoutError
+from .matching import Fold, PostedRecv
+from .progress import Awaited, register, timeout_message
+from ..wire.frames import Header, Kind
+
+__all__ = ["Channel", "wait_until"]
+
+T = TypeVar("T")
+
+
+async def wait_until(
+    future: asyncio.Future,
+    deadline: float,
+    timeout_error: Callable[[], Exception],
+    withdraw: Callable[[], Any] | None = None,
+) -> Any:
+    """Await ``future`` until ``deadline`` (loop time).
+
+    On expiry the future fails with ``timeout_error()``, made before
+    anything is withdrawn so that it can report what was still pending; on
+    expiry or cancellation ``withdraw`` (e.g. un-posting a receive) runs
+    before the future fails.
+    """
+    if future.done():
+        return future.result()
+    loop = asyncio.get_running_loop()
+
+    def expire() -> None:
+        if not future.done():
+            error = timeout_error()
+            if withdraw is not None:
+                withdraw()
+            future.set_exception(error)
+
+    handle = loop.call_at(deadline, expire)
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if withdraw is not None:
+            withdraw()
+        raise
+    finally:
+        handle.cancel()
+
+
+class Channel:
+    """Send and receive by group rank within one collective call.
+
+    Attributes:
+        rank, size: this process's group rank and the group size.
+        seq: the call's sequence number in its group.
+        op: the call's description ("all_reduce(sum, float32[1024])").
+        closed: True once :meth:`run` has returned or raised.
+    """
+
+    __slots__ = (
+        "_engine", "_ranks", "_members", "_ctx", "_timeout", "_group_name", "_on_close", "_receiving", "_sending",
+        "seq", "op", "deadline", "rank", "size", "closed",
+    )
+
+    def __init__(
+        self,
+        engine: Engine,
+        ranks: tuple[int, ...],
+        rank: int,
+        *,
+        ctx: int,
+        seq: int,
+        op: str,
+        timeout: float,
+        group_name: str,
+        on_close: Callable[[int], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._on_close = on_close
+        # Every member this call depends on: losing any of them fails its receives.
+        self._members = frozenset(ranks) - {engine.rank}
+        self._ranks = ranks
+        self._ctx = ctx
+        self._timeout = timeout
+        self._group_name = group_name
+        self.seq = seq
+        self.op = op
+        self.deadline = asyncio.get_running_loop().time() + timeout
+        self.rank = rank
+        self.size = len(ranks)
+        self.closed = False
+        # What the call still waits on: a receive until its wait returns or it
+        # is withdrawn, a send until its last byte is in the kernel (by group rank).
+        self._receiving: dict[PostedRecv, int] = {}
+        self._sending: dict[asyncio.Future, int] = {}
+        register(self)  # with the Work this call runs for, if any
+
+    @property
+    def where(self) -> str:
+        """The call as messages name it: "all_reduce(sum, float32[4]) (call #7 in group 'world')"."""
+        return f"{self.op} (call #{self.seq} in group {self._group_name!r})"
+
+    def is_open(self) -> bool:
+        """False once :meth:`run` has finished (a :class:`~asyncdist.engine.progress.Step`)."""
+        return not self.closed
+
+    def awaited(self) -> Awaited:
+        """The group ranks whose data this call still waits for, and those it
+        is still sending to (any thread: a snapshot, see :mod:`asyncdist.engine.progress`)."""
+        receiving = {peer for recv, peer in list(self._receiving.items()) if not recv.future.done()}
+        sending = {peer for future, peer in list(self._sending.items()) if not future.done()}
+        return Awaited(tuple(sorted(receiving)), tuple(sorted(sending)), self._ranks)
+
+    def _timeout_error(self) -> Exception:
+        """The call's deadline passed: name it and every peer it still waits on."""
+        return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self._timeout, self.awaited()))
+
+    def by_memory(self, peer: int, *, sending: bool) -> bool:
+        """Whether large payloads sent to (``sending``) or received from group
+        rank ``peer`` go by memory (:mod:`asyncdist.transport.cma`). Both ends of
+        a link learn the same answer in their handshake, so an algorithm may
+        choose its message sizes by it."""
+        return self._engine.by_memory(self._ranks[peer], sending=sending)
+
+    def start_send(self, buf: HostBuffer, peer: int) -> asyncio.Future | None:
+        """Start sending ``buf`` to group rank ``peer``; None if already sent."""
+        engine = self._engine
+        header = Header(Kind.DATA, self._ctx, engine.rank, self.seq, self.seq, buf.dtype, buf.shape, buf.nbytes, self.op)
+        future = engine.send(self._ranks[peer], header, buf.view)
+        if future is not None:
+            self._sending[future] = peer
+        return future
+
+    def start_recv(self, buf: HostBuffer, peer: int, fold: Fold | None = None) -> PostedRecv:
+        """Post a receive into ``buf`` from group rank ``peer``; with ``fold``,
+        one that combines the message into ``buf`` (:func:`asyncdist.reduce.kernels.folder`)."""
+        recv = self._engine.post_recv(self._ctx, self._ranks[peer], self.seq, buf, self._members, op=self.op, fold=fold)
+        self._receiving[recv] = peer
+        return recv
+
+    async def wait_send(self, future: asyncio.Future | None, peer: int) -> None:
+        """Wait for a send started with :meth:`start_send` (to group rank ``peer``;
+        the channel noted the peer when the send started, for timeout messages)."""
+        if future is not None:
+            try:
+                await wait_until(future, self.deadline, self._timeout_error)
+            finally:
+                self._sending.pop(future, None)
+
+    async def wait_recv(self, recv: PostedRecv, peer: int) -> Header:
+        """Wait for a receive started with :meth:`start_recv` (from group rank
+        ``peer``; noted when it was posted). On the call's deadline it fails with
+        an OperationTimeoutError naming every peer the call still waits on."""
+        engine = self._engine
+        try:
+            return await wait_until(recv.future, self.deadline, self._timeout_error, lambda: engine.cancel_recv(recv))
+        finally:
+            self._receiving.pop(recv, None)
+
+    async def run(self, algorithm: Awaitable[T], *, relay: bool = True) -> T:
+        """Run the call's algorithm; if it fails or is cancelled here, fail the
+        call (see :meth:`fail`; ``relay=False`` for an algorithm that tells the
+        other members itself). Either way the call is closed: its group no
+        longer waits for it."""
+        try:
+            return await algorithm
+        except AsyncDistError as error:
+            self.fail(error, relay=relay)
+            raise
+        except asyncio.CancelledError:
+            me = self._engine.rank
+            self.fail(OperationTimeoutError(f"rank {me}: {self.where} was cancelled on rank {me}"), relay=relay)
+            raise
+        finally:
+            self.closed = True
+            if self._on_close is not None:
+                self._on_close(self.seq)
+
+    def fail(self, error: AsyncDistError, *, relay: bool = True) -> None:
+        """Mark the call failed on this rank: its receives fail, its late
+        messages are dropped (not taken for a later call's), and unless the
+        error came from another rank, the other members get an ABORT so they
+        fail at once instead of waiting for their timeout."""
+        engine = self._engine
+        engine.fail_call(self._ctx, self.seq, error)
+        if relay and not is_relayed(error):
+            engine.send_abort([r for r in self._ranks if r != engine.rank], self._ctx, self.seq, error)
+
+    def withdraw(self, recv: PostedRecv) -> None:
+        """Take back a receive that will not be waited for (the call failed)."""
+        self._engine.cancel_recv(recv)
+        self._receiving.pop(recv, None)
+
+    async def send(self, buf: HostBuffer, peer: int) -> None:
+        """Send ``buf`` to group rank ``peer``."""
+        await self.wait_send(self.start_send(buf, peer), peer)
+
+    async def recv(self, buf: HostBuffer, peer: int) -> Header:
+        """Receive into ``buf`` from group rank ``peer``."""
+        return await self.wait_recv(self.start_recv(buf, peer), peer)
+
+    async def sendrecv(self, send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int) -> Header:
+        """Send to ``dst`` and receive from ``src`` at once (no extra tasks)."""
+        sending = self.start_send(send_buf, dst)
+        receiving = self.start_recv(recv_buf, src)
+        try:
+            await self.wait_send(sending, dst)
+        except BaseException:
+            self.withdraw(receiving)
+            raise
+        return await self.wait_recv(receiving, src)

@@ -1,0 +1,288 @@
+"""The per-rank runtime: connections to every peer, message matching, failures.
+
+One :class:`Engine` per rank (per process, or per simulated rank in a
+one-loop test world). It knows ranks, contexts and tags, never group names
+or collectives. It owns:
+
+* one :class:`~asyncdist.transport.stream.Connection` per peer; the
+  :class:`~asyncdist.transport.mesh.Mesh` listens, accepts (strangers are
+  refused there) and dials, the higher rank of each pair dialing the lower;
+* the :class:`~asyncdist.engine.mailbox.Mailbox`: its receives and unexpected
+  messages, and a :class:`~asyncdist.engine.mailbox.PeerInbox` per connection that
+  routes each payload as its header arrives (straight into a posted
+  receive's buffer, folded into it, or held until its receive comes);
+* failure propagation: when a peer's stream ends, every receive that depends
+  on that peer fails with :class:`PeerLostError`, now and later, and every
+  send to it fails too. Peers that are not involved are unaffected. A peer
+  that goes silent without closing its stream is found by the
+  :class:`~asyncdist.transport.heartbeat.Heartbeat` and lost the same way.
+
+Loop thread only. ``send`` and ``post_recv`` are plain functions that start
+the operation and return a future; nothing here blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Iterable, Mapping
+
+from .abort import abort_header, error_from_abort
+from ..buffers.host import HostBuffer
+from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
+from ..wire.handshake import Identity, PeerAccess
+from .losses import Losses
+from .mailbox import Mailbox, PeerInbox
+from .matching import Fold, PostedRecv
+from ..transport.heartbeat import Heartbeat, HeartbeatConfig
+from ..transport.mesh import Mesh
+from ..transport.stream import Connection
+from ..wire.frames import DEFAULT_MAX_PAYLOAD_BYTES, FrameDecoder, Header, Kind, encode_header
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("asyncdist.engine.engine")
+
+# How long close() waits for queued frames to reach the kernel.
+_CLOSE_DRAIN_SECONDS = 10.0
+
+
+class Engine:
+    """Connections, matching and failure propagation for one rank.
+
+    Args:
+        me: this rank's identity (job id, rank, world size, secret).
+        max_payload: the largest message accepted from a peer, in bytes.
+        handshake_timeout: seconds an incoming connection may take to
+            authenticate before it is dropped.
+        heartbeat: ping and silence settings (None: from the environment,
+            see :mod:`asyncdist.transport.heartbeat`).
+    """
+
+    def __init__(
+        self,
+        me: Identity,
+        *,
+        max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        handshake_timeout: float = 30.0,
+        heartbeat: HeartbeatConfig | None = None,
+    ) -> None:
+        self.me = me
+        self.rank = me.rank
+        self.world_size = me.world_size
+        self._max_payload = max_payload
+        self._mailbox = Mailbox(me.rank)
+        self._connections: dict[int, Connection] = {}
+        self._losses = Losses()
+        self._inboxes: dict[int, PeerInbox] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
+        self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._peer_lost)
+        self._all_connected: asyncio.Future | None = None
+        self._next_context = 0
+        self.closed = False
+        self.address: tuple[str, int] | None = None
+
+    # -- setup -------------------------------------------------------------
+
+    async def listen(self, host: str) -> tuple[str, int]:
+        """Listen on an ephemeral port of ``host``; return (host, port) to publish."""
+        self._loop = asyncio.get_running_loop()
+        self._all_connected = self._loop.create_future()
+        self.address = await self._mesh.listen(host)
+        self._heartbeat.start()
+        if self.world_size == 1:
+            self._all_connected.set_result(None)
+        return self.address
+
+    async def connect(self, addresses: Mapping[int, tuple[str, int]], timeout: float) -> None:
+        """Dial every lower rank and wait until every higher rank dialed in.
+
+        Raises:
+            RendezvousError: not all peers connected within ``timeout`` seconds.
+            PeerLostError, HandshakeError: a lower rank could not be reached.
+        """
+        assert self._all_connected is not None, "listen() first"
+        dials = (self._mesh.dial(peer, *addresses[peer]) for peer in range(self.rank))
+        try:
+            await asyncio.wait_for(asyncio.gather(*dials, asyncio.shield(self._all_connected)), timeout)
+        except asyncio.TimeoutError:
+            missing = sorted(set(range(self.world_size)) - set(self._connections) - {self.rank})
+            raise RendezvousError(
+                f"rank {self.rank}: ranks {missing} did not connect within {timeout:g} s"
+            ) from None
+
+    def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
+        assert self._loop is not None
+        inbox = PeerInbox(self._mailbox, peer, self._control_frame)
+        decoder = FrameDecoder(inbox, max_payload=self._max_payload)
+        self._inboxes[peer] = inbox
+        self._connections[peer] = inbox.connection = Connection(
+            self._loop,
+            sock,
+            peer,
+            decoder,
+            lambda error: self._peer_lost(peer, error),
+            peer_memory=access.peer_memory,
+            peer_reads_me=access.peer_reads_me,
+            me=self.rank,
+        )
+        if len(self._connections) == self.world_size - 1 and not self._all_connected.done():
+            self._all_connected.set_result(None)
+
+    def _wants(self, peer: int) -> bool:
+        return not (peer in self._connections or peer in self._losses or self.closed)
+
+    def new_context(self) -> int:
+        """Return a fresh context id (the same on every rank that calls in the same order)."""
+        ctx = self._next_context
+        self._next_context += 1
+        return ctx
+
+    # -- operations ----------------------------------------------------------
+
+    def send(self, dst: int, header: Header, payload: memoryview | None) -> asyncio.Future | None:
+        """Start sending one message; ``None`` means it is already in the kernel.
+
+        The future resolves when ``payload`` may be reused: its last byte is
+        in the kernel, or the peer has copied it out of this process's memory.
+
+        Raises:
+            PeerLostError: ``dst`` is lost or not connected.
+            ClosedError: the engine is closed.
+        """
+        connection = self._connections.get(dst)
+        if connection is None:
+            raise self._unreachable(dst)
+        return connection.send_message(header, payload)
+
+    def post_recv(
+        self,
+        ctx: int,
+        src: int | None,
+        tag: int,
+        buf: HostBuffer,
+        sources: frozenset[int] = frozenset(),
+        op: str | None = None,
+        fold: Fold | None = None,
+    ) -> PostedRecv:
+        """Start a receive; its ``future`` resolves to the matched message's Header.
+
+        ``src=None`` receives from any of ``sources``. With ``op``, a message
+        sent from within another operation fails the receive with
+        :class:`CollectiveMismatchError` instead of being delivered. With
+        ``fold``, the message is combined into ``buf`` instead of written
+        over it (see :class:`~asyncdist.engine.matching.PostedRecv`).
+        """
+        if self.closed:
+            raise ClosedError(f"rank {self.rank}: the process group is closed")
+        assert self._loop is not None
+        recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op, fold)
+        self._mailbox.post(recv, self._losses.fatal_for(recv))
+        return recv
+
+    def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
+        """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
+        later, and its messages, queued or still to come, are dropped."""
+        self._mailbox.fail_call(ctx, tag, error)
+
+    def send_abort(self, ranks: Iterable[int], ctx: int, tag: int, error: BaseException) -> None:
+        """Tell ``ranks`` that call (ctx, tag) failed here with ``error`` (best effort)."""
+        frame = encode_header(abort_header(self.rank, ctx, tag, error))
+        for rank in ranks:
+            connection = self._connections.get(rank)
+            if connection is not None:
+                try:
+                    connection.send_frame(frame, None)
+                except PeerLostError:
+                    pass
+
+    def cancel_recv(self, recv: PostedRecv) -> bool:
+        """Withdraw a receive that has not matched yet; True if it was withdrawn."""
+        return self._mailbox.cancel(recv)
+
+    def take_stale(self, ctx: int, below_tag: int) -> Header | None:
+        """Consume a message of ``ctx`` with a tag below ``below_tag`` that no
+        receive matched; return its header (None if there is none)."""
+        return self._mailbox.take_stale(ctx, below_tag)
+
+    def by_memory(self, rank: int, *, sending: bool) -> bool:
+        """Whether payloads sent to (``sending``) or received from ``rank``
+        can go by memory; False once the connection is gone."""
+        connection = self._connections.get(rank)
+        if connection is None:
+            return False
+        return connection.peer_reads_me if sending else connection.peer_memory is not None
+
+    def peer_error(self, rank: int) -> PeerLostError | None:
+        """The error that ended the stream to ``rank``, if it has ended."""
+        return self._losses.error(rank)
+
+    # -- control frames (from each connection's PeerInbox) ------------------
+
+    def _control_frame(self, rank: int, header: Header) -> None:
+        """A frame without a message's payload; a PING's arrival was its point."""
+        if header.kind == Kind.BYE:
+            self._peer_lost(rank, PeerLostError(f"rank {rank} closed its process group", rank), orderly=True)
+        elif header.kind == Kind.ABORT:
+            self.fail_call(header.ctx, header.tag, error_from_abort(header))
+        elif header.kind == Kind.DONE:
+            connection = self._connections.get(rank)
+            if connection is not None:  # else: it came after the peer's BYE, in the same read
+                connection.remote_done()
+
+    # -- failures --------------------------------------------------------------
+
+    def _unreachable(self, rank: int) -> Exception:
+        if self.closed:
+            return ClosedError(f"rank {self.rank}: the process group is closed")
+        return self._losses.error(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
+
+    def _peer_lost(self, rank: int, error: PeerLostError, orderly: bool = False) -> None:
+        """Fail everything that depends on ``rank``; called once per peer.
+
+        ``orderly``: the peer said goodbye (not worth a warning by itself).
+        """
+        if not self._losses.record(rank, error, orderly=orderly):
+            return
+        connection = self._connections.pop(rank, None)
+        if connection is not None:
+            connection.close(error)
+        if not self.closed:
+            log.log(logging.INFO if orderly else logging.WARNING, "rank %d lost rank %d: %s", self.rank, rank, error)
+        inbox = self._inboxes.pop(rank, None)
+        if inbox is not None:
+            inbox.lose(error)
+        self._mailbox.fail_dependents(rank, self._losses.fatal_for, error)
+
+    async def close(self) -> None:
+        """Say goodbye to every peer, flush what was sent, close every socket.
+
+        Receives still waiting fail with :class:`ClosedError`.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        await self._heartbeat.stop()
+        bye = encode_header(Header(Kind.BYE, 0, self.rank, 0, 0, "uint8", (), 0))
+        drains = []
+        for connection in self._connections.values():
+            try:
+                connection.send_frame(bye, None)
+            except PeerLostError:
+                continue
+            drains.append(connection.drain())
+        if drains:
+            try:
+                await asyncio.wait_for(asyncio.gather(*drains, return_exceptions=True), _CLOSE_DRAIN_SECONDS)
+            except asyncio.TimeoutError:
+                log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
+        closed = ClosedError(f"rank {self.rank}: the process group was destroyed")
+        for rank in list(self._connections):
+            self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
+        self._mailbox.fail_all(closed)
+        await self._mesh.close()
+        if self._all_connected is not None and not self._all_connected.done():
+            self._all_connected.cancel()
+

@@ -1,0 +1,73 @@
+"""Lost peers, and which receive a loss dooms (sans-I/O).
+
+The engine records here every peer whose stream ended, and whether it said
+goodbye first (BYE: an orderly close, after flushing everything it sent) or
+crashed. The rules that decide which pending or future receive can no
+longer complete live here, apart from sockets and futures:
+
+* a receive that names its sender fails once that sender is gone;
+* a collective's receive fails once any other member of the call crashed
+  (the call cannot complete); a member that left in order finished its
+  part first, so that fails nobody;
+* an any-source receive (``src=None``) fails once one candidate crashed
+  (it may have been the sender, as in MPI's ULFM), or once every candidate
+  is gone.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..errors import PeerLostError
+from .matching import PostedRecv
+
+__all__ = ["Losses"]
+
+
+class Losses:
+    """The peers one rank has lost, and the rules above."""
+
+    __slots__ = ("_errors", "_left")
+
+    def __init__(self) -> None:
+        self._errors: dict[int, PeerLostError] = {}
+        self._left: set[int] = set()  # lost peers that said goodbye first
+
+    def record(self, rank: int, error: PeerLostError, *, orderly: bool) -> bool:
+        """Record the loss of ``rank``; False if it was already recorded."""
+        if rank in self._errors:
+            return False
+        self._errors[rank] = error
+        if orderly:
+            self._left.add(rank)
+        return True
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self._errors
+
+    def error(self, rank: int) -> PeerLostError | None:
+        """The error that ended the stream to ``rank``, if it has ended."""
+        return self._errors.get(rank)
+
+    def fatal_for(self, recv: PostedRecv) -> PeerLostError | None:
+        """The loss that dooms ``recv``, or None while it can still complete."""
+        if recv.src is not None and recv.src in self._errors:
+            return self._errors[recv.src]
+        if recv.op is not None:
+            return next((self._errors[r] for r in recv.sources if self._crashed(r)), None)
+        if recv.src is None:
+            return self._among(recv.sources)
+        return None
+
+    def _crashed(self, rank: int) -> bool:
+        return rank in self._errors and rank not in self._left
+
+    def _among(self, ranks: Iterable[int]) -> PeerLostError | None:
+        ranks = list(ranks)
+        gone = [rank for rank in ranks if rank in self._errors]
+        crashed = [rank for rank in gone if rank not in self._left]
+        if crashed:
+            return self._errors[crashed[0]]
+        if gone and len(gone) == len(ranks):
+            return self._errors[gone[-1]]
+        return None

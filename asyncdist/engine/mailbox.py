@@ -1,0 +1,237 @@
+"""Where an arriving payload goes: a posted receive, folded into one, or held.
+
+The :class:`Mailbox` of a rank keeps its posted receives and its unexpected
+messages (the :class:`~asyncdist.engine.matching.Matcher`) and the calls that
+failed, whose messages are dropped. A :class:`PeerInbox` per connection is
+its frame decoder's sink: it routes each payload as its header arrives,
+
+* into the buffer of the receive it matches, read there straight from the
+  socket or copied once out of the sender's memory;
+* for a *folding* receive (:attr:`PostedRecv.fold`), combined into that
+  buffer: read 1 MiB at a time from the sender's memory, or into a scratch
+  buffer from the socket and combined when complete;
+* else into a buffer of its own, as an unexpected message, copied (or
+  folded) once when its receive is posted.
+
+Control frames (heartbeat, goodbye, abort, DONE) go to the engine. Loop
+thread only; nothing here touches sockets but through the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..errors import AsyncDistError, ProtocolError
+from .matching import Inbound, Matcher, PostedRecv, misfit
+from ..buffers.scratch import pool
+from ..wire.frames import Header, Kind
+
+if TYPE_CHECKING:
+    from ..transport.stream import Connection
+
+__all__ = ["Mailbox", "PeerInbox", "fail_future"]
+
+# Aborted calls remembered (so a receive posted after the ABORT fails too).
+_MAX_ABORTED_CALLS = 4096
+_PAYLOAD_KINDS = (Kind.DATA, Kind.REMOTE)
+
+
+def fail_future(future: asyncio.Future, error: BaseException) -> None:
+    """Fail a receive's future, unless it is done already.
+
+    Marked as retrieved: whoever awaits it still gets the error, but the
+    receives of a failed collective that nobody awaits any more (its later
+    steps) must not be logged by asyncio as "never retrieved".
+    """
+    if not future.done():
+        future.set_exception(error)
+        future.exception()
+
+
+class Mailbox:
+    """The receives, unexpected messages and failed calls of one rank.
+
+    Args:
+        rank: this rank (for error messages).
+    """
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._matcher = Matcher()
+        self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
+
+    def post(self, recv: PostedRecv, lost: AsyncDistError | None) -> None:
+        """Match ``recv`` with the earliest unexpected message that fits, or
+        queue it; fail it instead if its call failed or ``lost`` says a peer
+        it depends on is gone."""
+        inbound = self._matcher.take_unexpected(recv.ctx, recv.src, recv.tag)
+        if inbound is not None:
+            self.deliver(inbound, recv)
+            return
+        failed = lost or self._aborted.get((recv.ctx, recv.tag))
+        if failed is not None:
+            fail_future(recv.future, failed)
+            return
+        self._matcher.post(recv)
+
+    def cancel(self, recv: PostedRecv) -> bool:
+        """Withdraw a receive that has not matched yet; True if it was withdrawn."""
+        return self._matcher.unpost(recv)
+
+    def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
+        """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
+        later, and its messages, queued or still to come, are dropped."""
+        if (ctx, tag) in self._aborted:
+            return
+        self._aborted[(ctx, tag)] = error
+        if len(self._aborted) > _MAX_ABORTED_CALLS:
+            self._aborted.popitem(last=False)
+        self._matcher.drop_call(ctx, tag)
+        for recv in self._matcher.take_call(ctx, tag):
+            fail_future(recv.future, error)
+
+    def take_stale(self, ctx: int, below_tag: int) -> Header | None:
+        """Consume a message of ``ctx`` with a tag below ``below_tag`` that no
+        receive matched; return its header (None if there is none)."""
+        inbound = self._matcher.take_stale(ctx, below_tag)
+        return inbound.header if inbound is not None else None
+
+    def fail_dependents(
+        self, rank: int, fatal: Callable[[PostedRecv], AsyncDistError | None], error: AsyncDistError
+    ) -> None:
+        """``rank`` is lost: fail the receives that name it with ``error``, and
+        those that depend on it otherwise with what ``fatal`` says, if anything."""
+        for recv in self._matcher.take_dependents(rank, lambda recv: fatal(recv) is not None):
+            fail_future(recv.future, fatal(recv) or error)
+
+    def fail_all(self, error: AsyncDistError) -> None:
+        """Fail every receive still posted (the engine closes)."""
+        for recv in self._matcher.take_all():
+            fail_future(recv.future, error)
+
+    def route(self, sender: int, header: Header) -> PostedRecv | Inbound:
+        """Where the payload of ``header`` from rank ``sender`` goes: the
+        receive it matches, or a new unexpected message.
+
+        Raises:
+            ProtocolError: the header claims another sender, or is not a payload's.
+        """
+        if header.src != sender:
+            raise ProtocolError(f"rank {sender} sent a frame claiming to come from rank {header.src}")
+        if header.kind not in _PAYLOAD_KINDS:
+            raise ProtocolError(f"rank {sender} sent a frame of kind {header.kind} with a payload")
+        recv = self._matcher.take_posted(header)
+        if recv is not None:
+            error = misfit(header, recv, self.rank)
+            if error is None:
+                return recv
+            recv.future.set_exception(error)  # the payload is read and dropped
+            return Inbound(header, np.empty(header.nbytes, np.uint8))
+        inbound = Inbound(header, pool.take_bytes(header.nbytes))
+        if (header.ctx, header.tag) not in self._aborted:  # else: read and dropped
+            self._matcher.add_unexpected(inbound)
+        return inbound
+
+    def deliver(self, inbound: Inbound, recv: PostedRecv) -> None:
+        """Hand an unexpected message to the receive that matched it (at once
+        if its payload is complete, else when it is)."""
+        future = recv.future
+        if future.done():
+            return
+        error = inbound.failure or misfit(inbound.header, recv, self.rank)
+        if error is not None:
+            future.set_exception(error)
+        elif not inbound.complete:
+            inbound.waiter = recv
+        else:
+            if recv.fold is not None:
+                recv.fold(inbound.data, 0)
+            else:
+                recv.buf.view[:] = memoryview(inbound.data)
+            pool.give_back(inbound.data)
+            future.set_result(inbound.header)
+
+
+class PeerInbox:
+    """One connection's arriving frames (its decoder's sink).
+
+    Args:
+        mailbox: the rank's mailbox, where payloads are routed.
+        rank: the peer's rank.
+        on_control: called with the peer's rank and each frame that carries
+            no payload of a message (heartbeat, goodbye, abort, DONE).
+
+    Attributes:
+        connection: the connection the frames come from (set once it exists).
+        current: the receive, or unexpected message, whose payload is being read.
+    """
+
+    __slots__ = ("_mailbox", "rank", "_on_control", "connection", "current", "_staged")
+
+    def __init__(self, mailbox: Mailbox, rank: int, on_control: Callable[[int, Header], None]) -> None:
+        self._mailbox = mailbox
+        self.rank = rank
+        self._on_control = on_control
+        self.connection: Connection | None = None
+        self.current: PostedRecv | Inbound | None = None
+        self._staged: np.ndarray | None = None  # where it is read, for a folding receive
+
+    def payload_buffer(self, header: Header) -> memoryview:
+        return self._destination(self._mailbox.route(self.rank, header), header.nbytes)
+
+    def frame_received(self, header: Header, payload: memoryview) -> None:
+        if header.kind not in _PAYLOAD_KINDS:
+            self._on_control(self.rank, header)
+            return
+        if header.kind == Kind.REMOTE:  # copied out of the sender's memory into where it is routed
+            self._read_remote(header)
+        target = self.current if header.nbytes or header.kind == Kind.REMOTE else self._mailbox.route(self.rank, header)
+        self.current = None
+        if isinstance(target, PostedRecv):
+            staged, self._staged = self._staged, None
+            if staged is not None:
+                if not target.future.done():  # a call that failed meanwhile leaves its buffer alone
+                    target.fold(staged, 0)
+                pool.give_back(staged)
+            if not target.future.done():
+                target.future.set_result(header)
+            return
+        target.complete = True
+        if target.waiter is not None:
+            self._mailbox.deliver(target, target.waiter)
+
+    def lose(self, error: AsyncDistError) -> None:
+        """The peer is lost: fail the receive whose payload was being read."""
+        current = self.current
+        if isinstance(current, PostedRecv):
+            fail_future(current.future, error)
+        elif isinstance(current, Inbound):
+            current.failure = error
+            if current.waiter is not None:
+                fail_future(current.waiter.future, error)
+
+    def _destination(self, target: PostedRecv | Inbound, nbytes: int) -> memoryview:
+        """Where the payload routed to ``target`` is to be read."""
+        self.current = target
+        if not isinstance(target, PostedRecv):
+            return memoryview(target.data)
+        if target.fold is None:
+            return target.buf.view
+        self._staged = pool.take_bytes(nbytes)  # folded in when complete
+        return memoryview(self._staged)
+
+    def _read_remote(self, header: Header) -> None:
+        """Copy a REMOTE payload out of the sender's memory, or fold it in
+        piece by piece, without staging it, for a folding receive."""
+        connection = self.connection
+        assert connection is not None, "frames come from a connection"
+        target = self._mailbox.route(self.rank, header)
+        if isinstance(target, PostedRecv) and target.fold is not None:
+            self.current = target
+            connection.fold_remote(target.fold, header.nbytes, header.addr)
+        else:
+            connection.take_remote(self._destination(target, header.nbytes), header.addr)

@@ -1,0 +1,379 @@
+"""The blocking facade's collectives: torch.distributed's signatures over the await API.
+
+Each function here is a shell over the :class:`~asyncdist.group.process_group.ProcessGroup`
+method of the same name: :func:`_submit` runs the method's coroutine on the
+loop thread as a Task, wraps it in a :class:`~asyncdist.group.work.Work`, and
+returns the Work (``async_op=True``) or waits for it and returns None. The
+checks, algorithms and error messages all live below, in the await API.
+
+This module owns the ``Group`` alias that every facade module takes,
+:func:`_submit` and :func:`_root`, which the facade's other group calls share
+(the reductions in :mod:`asyncdist.facade.reductions`, the object collectives
+in :mod:`asyncdist.facade.objects`), and the collectives that move data
+without combining it (broadcast, the gathers, scatter, all_to_all) and the
+barriers. It knows nothing of reduction ops: the collectives that take an
+``op=`` are :mod:`asyncdist.facade.reductions`'.
+
+torch's rules, kept here and in :mod:`asyncdist.facade.reductions`:
+
+* a rank that is not in ``group`` (including ``GroupMember.NON_GROUP_MEMBER``)
+  returns None at once and touches nothing;
+* ``src``/``dst`` are global ranks, ``group_src``/``group_dst`` ranks within
+  ``group`` (give one, not both); ``gather`` and ``scatter`` default to global
+  rank 0, ``broadcast`` and ``reduce`` need one of the two;
+* every rank of the group calls the same collectives in the same order.
+
+Thread affinity: any thread but asyncdist's loop thread (a call there raises
+:class:`~asyncdist.errors.WrongThreadError` instead of deadlocking).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any, Callable, Coroutine, Sequence
+
+from ..errors import InvalidArgumentError, OperationTimeoutError
+from .state import _group_and_portal, _group_peer
+from ..group.process_group import ProcessGroup
+from ..group.work import Work
+
+__all__ = [
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+]
+
+Group = ProcessGroup | int | None  # int: GroupMember.NON_GROUP_MEMBER
+
+
+def _submit(
+    group: Group,
+    what: str,
+    operation: Callable[[ProcessGroup], Coroutine[Any, Any, Any]],
+    async_op: bool,
+    outputs: Sequence[Any] = (),
+) -> Any:
+    """Run ``operation(g)`` on the loop thread as a Task of ``group`` (resolved to ``g``).
+
+    Returns:
+        None if this rank is not in the group; else the Work if ``async_op``,
+        else the operation's value once it has completed.
+    """
+    g, portal = _group_and_portal(group)
+    if g.rank < 0:
+        return None
+    if not async_op:  # one round trip to the loop thread: start, run and wait together
+        return portal.run(operation(g), what=f"{what}()")
+
+    def start() -> Work:
+        # operation(g) runs on the loop thread: argument errors raise here, at once.
+        # Work.start records the calls it opens, for a timed-out wait's message.
+        return Work.start(lambda: operation(g), f"{what} on group {g.name!r}", list(outputs), rank=g.global_rank(g.rank))
+
+    return portal.start(start, what=f"{what}()")
+
+
+def _root(g: ProcessGroup, peer: int | None, group_peer: int | None, name: str, default: int | None = None) -> int:
+    """The root's group rank from torch's pair of arguments (``src``/``group_src``)."""
+    if peer is None and group_peer is None:
+        if default is None:
+            raise InvalidArgumentError(f"give {name} (a global rank) or group_{name} (a rank within the group)")
+        peer = default
+    root = _group_peer(g, peer, group_peer, name)
+    assert root is not None
+    return root
+
+
+def broadcast(
+    tensor: Any, src: int | None = None, group: Group = None, async_op: bool = False, group_src: int | None = None
+) -> Work | None:
+    """Copy ``src``'s ``tensor`` into ``tensor`` on every rank of ``group`` (in place).
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor: a torch CPU tensor or NumPy array with the same dtype and
+            element count on every rank; the data on ``src``, the output elsewhere.
+        src: the source's global rank (or give ``group_src``).
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        group_src: the source's rank within ``group``.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: neither or both of ``src`` and ``group_src``.
+        InvalidRankError: ``src`` is not in ``group``.
+        CollectiveMismatchError: ranks disagree on the root, dtype or size.
+        PeerLostError: a rank of the group is gone.
+        OperationTimeoutError: not complete within the group's timeout.
+
+    Example::
+
+        t = torch.arange(4.0) if dist.get_rank() == 0 else torch.empty(4)
+        dist.broadcast(t, src=0)
+    """
+    return _submit(group, "broadcast", lambda g: g.broadcast(tensor, _root(g, src, group_src, "src")), async_op, [tensor])
+
+
+def all_gather(tensor_list: list, tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
+    """Every rank's ``tensor`` lands in ``tensor_list[rank]`` on every rank.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor_list: one output tensor per group rank, each like ``tensor``.
+        tensor: this rank's input.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``tensor_list`` has the wrong length, dtype or sizes.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _submit(group, "all_gather", lambda g: g.all_gather(tensor_list, tensor), async_op, tensor_list)
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
+    """Concatenate every rank's ``input_tensor``, in rank order, into ``output_tensor``.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        output_tensor: ``world size`` times the elements of ``input_tensor``
+            (concatenated along dim 0, or stacked).
+        input_tensor: this rank's input; same size on every rank.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``output_tensor`` has the wrong dtype or size.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _all_gather_into_tensor("all_gather_into_tensor", output_tensor, input_tensor, group, async_op)
+
+
+def all_gather_single(output_tensor: Any, input_tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
+    """torch 2.13's name for :func:`all_gather_into_tensor`; same arguments, same result.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+    """
+    return _all_gather_into_tensor("all_gather_single", output_tensor, input_tensor, group, async_op)
+
+
+def _all_gather_into_tensor(what: str, output_tensor: Any, input_tensor: Any, group: Group, async_op: bool) -> Work | None:
+    return _submit(group, what, lambda g: g.all_gather_into_tensor(output_tensor, input_tensor), async_op, [output_tensor])
+
+
+def gather(
+    tensor: Any,
+    gather_list: list | None = None,
+    dst: int | None = None,
+    group: Group = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
+    """Every rank's ``tensor`` lands in ``gather_list[rank]`` on ``dst``.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor: this rank's input.
+        gather_list: on ``dst``, one output per group rank; elsewhere None or empty.
+        dst: the destination's global rank (default 0; or give ``group_dst``).
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        group_dst: the destination's rank within ``group``.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``gather_list`` is wrong for this rank; both ``dst`` and ``group_dst``.
+        InvalidRankError: ``dst`` is not in ``group``.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _submit(
+        group, "gather", lambda g: g.gather(tensor, gather_list, _root(g, dst, group_dst, "dst", 0)), async_op, gather_list or []
+    )
+
+
+def scatter(
+    tensor: Any,
+    scatter_list: list | None = None,
+    src: int | None = None,
+    group: Group = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Work | None:
+    """``src``'s ``scatter_list[rank]`` lands in ``tensor`` on every rank.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        tensor: this rank's output.
+        scatter_list: on ``src``, one input per group rank; elsewhere None or empty.
+        src: the source's global rank (default 0; or give ``group_src``).
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        group_src: the source's rank within ``group``.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: ``scatter_list`` is wrong for this rank; both ``src`` and ``group_src``.
+        InvalidRankError: ``src`` is not in ``group``.
+        CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _submit(
+        group, "scatter", lambda g: g.scatter(tensor, scatter_list, _root(g, src, group_src, "src", 0)), async_op, [tensor]
+    )
+
+
+def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Group = None, async_op: bool = False) -> Work | None:
+    """Rank i's ``input_tensor_list[j]`` lands in rank j's ``output_tensor_list[i]``.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        output_tensor_list: one output per group rank (sizes may differ).
+        input_tensor_list: one input per group rank; one dtype throughout.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: wrong list lengths or mixed dtypes.
+        BufferMismatchError: an output's size differs from what its sender sends.
+        PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
+    """
+    return _submit(
+        group, "all_to_all", lambda g: g.all_to_all(output_tensor_list, input_tensor_list), async_op, output_tensor_list
+    )
+
+
+def all_to_all_single(
+    output: Any,
+    input: Any,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Group = None,
+    async_op: bool = False,
+) -> Work | None:
+    """Split ``input`` by dim-0 rows and send part j to rank j; rank i's part lands
+    in ``output`` at slot i.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        output: contiguous output; its rows are split by ``output_split_sizes``.
+        input: contiguous input; its rows are split by ``input_split_sizes``.
+        output_split_sizes, input_split_sizes: rows per group rank; None or
+            empty splits evenly.
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        InvalidArgumentError: split sizes that do not add up; dtypes differ.
+        UnsupportedBufferError: a non-contiguous tensor (torch refuses them too).
+        BufferMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_to_all`.
+    """
+    return _submit(
+        group,
+        "all_to_all_single",
+        lambda g: g.all_to_all_single(output, input, output_split_sizes, input_split_sizes),
+        async_op,
+        [output],
+    )
+
+
+def barrier(
+    group: Group = None, async_op: bool = False, device_ids: Any = None, timeout: timedelta | None = None
+) -> Work | None:
+    """Wait until every rank of ``group`` has entered the barrier.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Args:
+        group: the process group (default: the world).
+        async_op: return a Work instead of waiting.
+        device_ids: accepted for torch compatibility; unused on CPU.
+        timeout: bound on this barrier (a ``timedelta`` or seconds); None:
+            the group's timeout.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+
+    Raises:
+        PeerLostError: a rank of the group is gone.
+        OperationTimeoutError: not every rank entered within the timeout.
+    """
+    if timeout is None:
+        return _submit(group, "barrier", lambda g: g.barrier(), async_op)
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return _submit(group, "barrier", lambda g: _within(g.barrier(), seconds, f"barrier of group {g.name!r}"), async_op)
+
+
+async def _within(coro: Coroutine[Any, Any, Any], seconds: float, what: str) -> Any:
+    """Await ``coro``, cancelling it after ``seconds`` with OperationTimeoutError.
+
+    ``wait_for``, not ``asyncio.timeout``: a blocking call runs without a
+    Task (:mod:`asyncdist.loop.turns`), and ``timeout`` needs one.
+    """
+    try:
+        return await asyncio.wait_for(coro, seconds)
+    except TimeoutError as exc:
+        if isinstance(exc, OperationTimeoutError):
+            raise
+        raise OperationTimeoutError(f"{what} did not complete within {seconds:g} s (its timeout argument)") from None
+
+
+def monitored_barrier(group: Group = None, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not enter it.
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+
+    Group rank 0 waits up to ``timeout`` for every other rank; the others
+    wait for rank 0's verdict. Useful to find a rank that hangs or skipped a
+    collective. Blocks; there is no ``async_op``.
+
+    Args:
+        group: the process group (default: the world).
+        timeout: a ``timedelta`` (or seconds); None: the group's timeout.
+        wait_all_ranks: rank 0 names every missing rank, not only the first.
+
+    Returns:
+        None.
+
+    Raises:
+        OperationTimeoutError: on every rank that entered, if some rank did not
+            enter within ``timeout`` (or was lost); the message names it
+            ("rank 3 failed to pass it within 2 s").
+
+    Example::
+
+        if dist.get_rank() != 1:
+            dist.monitored_barrier(timeout=timedelta(seconds=2))   # names rank 1
+    """
+    _submit(group, "monitored_barrier", lambda g: g.monitored_barrier(timeout, wait_all_ranks), False)

@@ -1,0 +1,365 @@
+"""The blocking facade: torch.distributed's functions over the await API.
+
+``import asyncdist as dist`` gives these functions, with torch.distributed's
+names, arguments and in-place semantics, so a script written for
+torch.distributed runs after changing its import. The facade holds no
+communication logic: each call runs the group's method on the
+:class:`~asyncdist.loop.thread.LoopThread` and waits for its
+:class:`~asyncdist.group.work.Work` (``async_op``-style calls return the Work).
+
+Everything the facade keeps for the process lives in one object,
+:data:`_runtime`: the loop thread, the world group and the backend name.
+``destroy_process_group`` closes every socket and stops the thread, after
+which ``init_process_group`` may be called again.
+"""
+
+from __future__ import annotations
+
+import os
+
+from datetime import timedelta
+from typing import Any
+
+from .backends import parse_backend
+from ..errors import AlreadyInitializedError, InvalidArgumentError, InvalidRankError, NotInitializedError
+from ..group.process_group import ProcessGroup
+from ..loop.exits import call_at_exit
+from ..loop.thread import LoopThread
+from ..rendezvous.store import Store
+from ..group.work import Work
+from ..group.world import init_world
+
+__all__ = [
+    "init_process_group",
+    "destroy_process_group",
+    "is_initialized",
+    "is_available",
+    "get_backend",
+    "get_rank",
+    "get_world_size",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+]
+
+class _Runtime:
+    """The facade's state for this process: one object, not scattered globals."""
+
+    def __init__(self) -> None:
+        self.portal: LoopThread | None = None
+        self.world: ProcessGroup | None = None
+        self.backend: str | None = None
+        self.generation = 0  # how many times init_process_group succeeded
+        self.exit_hook_pid: int | None = None  # the process that registered _close_at_exit
+
+
+_runtime = _Runtime()
+
+
+def _close_at_exit() -> None:
+    """Destroy the default group of a script that ends without doing so
+    (torch's tutorial scripts do): peers then see an orderly goodbye, not a
+    crash that fails their collectives still in flight."""
+    if _runtime.world is not None:
+        destroy_process_group()
+
+
+def _check_backend(backend: Any) -> str:
+    return parse_backend(backend).name
+
+
+def _use_backend(group: ProcessGroup, backend: Any, store: Store | None) -> None:
+    """Loop thread: send ``group``'s CUDA operands through NCCL if ``backend`` says so."""
+    if parse_backend(backend).cuda == "nccl":
+        from ..gpu import use_nccl  # the NCCL module itself imports CuPy only when used
+
+        use_nccl(group, store)
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Store | None = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
+    """Initialize the default process group (blocks until every rank has joined).
+
+    Args:
+        backend: ``None``, ``"gloo"`` or ``"asyncdist"`` (CPU tensors, and CUDA
+            tensors through pinned staging); ``"nccl"`` or a map such as
+            ``"cpu:gloo,cuda:nccl"`` (CUDA tensors through NCCL, which needs
+            CuPy). See :mod:`asyncdist.facade.backends` and ``docs/gpu.md``.
+        init_method: ``"env://"`` (default: ``MASTER_ADDR``, ``MASTER_PORT``,
+            ``RANK``, ``WORLD_SIZE``), ``"tcp://host:port"`` or ``"file:///path"``.
+            Mutually exclusive with ``store``.
+        timeout: bound on the rendezvous and on every operation (default 30 min).
+        world_size, rank: required unless given by the environment (env://).
+        store: a key-value store (``TCPStore``, ``FileStore``, …) all ranks share.
+        group_name: the world group's name in error messages.
+        pg_options, device_id: accepted for torch compatibility; unused on CPU.
+
+    Raises:
+        AlreadyInitializedError: called twice without ``destroy_process_group``.
+        RendezvousError: missing environment variables, duplicate ranks, world
+            size mismatch, unreachable store or ranks (the message says which).
+        InvalidRankError: ``rank`` not in ``[0, world_size)``.
+
+    Example::
+
+        import asyncdist as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29500", rank=r, world_size=2)
+    """
+    if _runtime.world is not None:
+        raise AlreadyInitializedError("trying to initialize the default process group twice!")
+    name = _check_backend(backend)
+    portal = LoopThread()
+    try:
+        world = portal.run(
+            init_world(
+                init_method,
+                rank=rank,
+                world_size=world_size,
+                store=store,
+                timeout=timeout,
+                group_name=group_name,
+                store_prefix=f"asyncdist/{_runtime.generation}",
+            ),
+            what="init_process_group()",
+        )
+        portal.call(_use_backend, world, name, world.store, what="init_process_group()")
+    except BaseException:
+        portal.stop()
+        raise
+    _runtime.portal, _runtime.world, _runtime.backend = portal, world, name
+    if _runtime.exit_hook_pid != os.getpid():
+        _runtime.exit_hook_pid = os.getpid()
+        call_at_exit(_close_at_exit, priority=20)  # before the loop threads stop (10)
+    _runtime.generation += 1
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Close every connection of this process and stop its loop thread.
+
+    Frames already sent are flushed first; peers still waiting on this rank
+    get :class:`~asyncdist.errors.PeerLostError`. ``init_process_group`` may
+    be called again afterwards.
+    """
+    world = _world()
+    target = _group(group)
+    if target is not world:  # a subgroup: forget it (its sockets are the world's)
+        _portal().run(target.close(), what="destroy_process_group()")
+        return
+    portal = _portal()
+    try:
+        portal.run(world.close(), what="destroy_process_group()")
+    finally:
+        portal.stop()
+        _runtime.portal = _runtime.world = _runtime.backend = None
+
+
+def is_available() -> bool:
+    """True: asyncdist needs nothing beyond its Python dependencies."""
+    return True
+
+
+def is_initialized() -> bool:
+    """True between ``init_process_group`` and ``destroy_process_group``."""
+    return _runtime.world is not None
+
+
+def _world() -> ProcessGroup:
+    world = _runtime.world
+    if world is None:
+        raise _not_initialized()
+    return world
+
+
+def _not_initialized() -> NotInitializedError:
+    return NotInitializedError(
+        "Default process group has not been initialized, please make sure to call init_process_group."
+    )
+
+
+def _portal() -> LoopThread:
+    portal = _runtime.portal
+    if portal is None:  # set and cleared with the world
+        raise _not_initialized()
+    return portal
+
+
+#: What ``new_group`` returns on ranks outside the new group, as torch does
+#: (``GroupMember.NON_GROUP_MEMBER``); every facade call accepts it as ``group``.
+NON_GROUP_MEMBER = -100
+
+
+class _NotAMember:
+    """What :func:`_group` gives for ``NON_GROUP_MEMBER``: a group this rank is not in."""
+
+    rank = size = -1
+    ranks: tuple[int, ...] = ()
+    name = "NON_GROUP_MEMBER"
+
+    async def close(self) -> None:
+        return None
+
+
+_NOT_A_MEMBER = _NotAMember()
+
+
+def _group(group: ProcessGroup | int | None) -> ProcessGroup:
+    """The group a facade call works on: the world for None, a non-member
+    stand-in (``rank == -1``) for ``NON_GROUP_MEMBER``."""
+    if group is None:
+        return _world()
+    if type(group) is int and group == NON_GROUP_MEMBER:
+        _world()
+        return _NOT_A_MEMBER  # type: ignore[return-value]
+    return group
+
+
+def _group_and_portal(group: ProcessGroup | int | None) -> tuple[ProcessGroup, LoopThread]:
+    """:func:`_group`'s group and the loop its calls run on, in one lookup:
+    every blocking call asks for both."""
+    portal, world = _runtime.portal, _runtime.world
+    if portal is None or world is None:  # set and cleared together
+        raise _not_initialized()
+    return (world if group is None else _group(group)), portal
+
+
+def get_backend(group: ProcessGroup | None = None) -> str:
+    """The backend name given to ``init_process_group`` ("asyncdist" for None)."""
+    _group(group)
+    assert _runtime.backend is not None
+    return _runtime.backend
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (default: the world); -1 if not a member."""
+    return _group(group).rank
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    """The number of ranks in ``group`` (default: the world); -1 if not a member."""
+    g = _group(group)
+    return g.size if g.rank >= 0 else -1
+
+
+def _group_peer(group: ProcessGroup, peer: int | None, group_peer: int | None, name: str) -> int | None:
+    """torch's rule: give the peer as a global rank or as a group rank, not both."""
+    if peer is not None and group_peer is not None:
+        raise InvalidArgumentError(f"Can only specify one of {name} or group_{name}")
+    if group_peer is not None:
+        return group_peer
+    if peer is None:
+        return None
+    if type(peer) is not int:
+        raise InvalidRankError(f"{name} must be an int rank, got {peer!r}")
+    return group.group_rank(peer)
+
+
+def _start(what: str, method: Any, *args: Any) -> Work:
+    return _portal().start(method, *args, what=what)
+
+
+def isend(
+    tensor: Any, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_dst: int | None = None
+) -> Work | None:
+    """Start sending ``tensor`` to ``dst``; returns a Work (None if this rank is not in ``group``).
+
+    Do not modify ``tensor`` before ``work.wait()`` returns.
+
+    Args:
+        tensor: a contiguous torch CPU tensor or NumPy array, any dtype.
+        dst: the destination's global rank (or give ``group_dst``).
+        group: the process group (default: the world).
+        tag: matches the receive's tag.
+        group_dst: the destination's rank within ``group``.
+    """
+    g = _group(group)
+    if g.rank < 0:
+        return None
+    return _start("isend()", g.isend, tensor, _destination(g, dst, group_dst), tag)
+
+
+def _destination(g: ProcessGroup, dst: int | None, group_dst: int | None) -> int:
+    target = _group_peer(g, dst, group_dst, "dst")
+    if target is None:
+        raise InvalidArgumentError("send needs dst or group_dst")
+    return target
+
+
+def irecv(
+    tensor: Any, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_src: int | None = None
+) -> Work | None:
+    """Start receiving into ``tensor`` from ``src`` (any rank if None); returns a Work
+    (None if this rank is not in ``group``)."""
+    g = _group(group)
+    if g.rank < 0:
+        return None
+    return _start("irecv()", g.irecv, tensor, _group_peer(g, src, group_src, "src"), tag)
+
+
+def send(
+    tensor: Any, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_dst: int | None = None
+) -> None:
+    """Send ``tensor`` to ``dst`` and return once ``tensor`` may be modified again.
+
+    Args:
+        tensor: a contiguous torch CPU tensor or NumPy array, any dtype.
+        dst: the destination's global rank (or give ``group_dst``).
+        group: the process group (default: the world).
+        tag: matches the receive's tag.
+        group_dst: the destination's rank within ``group``.
+
+    Raises:
+        InvalidRankError: ``dst`` is out of range or this rank.
+        UnsupportedBufferError: ``tensor`` is not contiguous or not on the CPU.
+        PeerLostError: the destination is gone.
+        OperationTimeoutError: not sent within the group's timeout.
+
+    Example::
+
+        tensor = torch.ones(4)
+        dist.send(tensor, dst=1)
+    """
+    g = _group(group)
+    if g.rank >= 0:  # one round trip to the loop thread
+        _portal().run(g.send(tensor, _destination(g, dst, group_dst), tag), what="send()")
+
+
+def recv(
+    tensor: Any, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_src: int | None = None
+) -> int:
+    """Receive into ``tensor`` (in place) from ``src``, or from any rank if ``src`` is None.
+
+    Args:
+        tensor: the receive buffer; the message must have its dtype and
+            element count.
+        src: the sender's global rank (or give ``group_src``; None: any rank).
+        group: the process group (default: the world).
+        tag: matches the send's tag.
+        group_src: the sender's rank within ``group``.
+
+    Returns:
+        the sender's global rank (-1 if this rank is not in ``group``).
+
+    Raises:
+        BufferMismatchError: the message's dtype or size differs from ``tensor``'s.
+        PeerLostError, OperationTimeoutError: as for :func:`send`.
+
+    Example::
+
+        tensor = torch.zeros(4)
+        sender = dist.recv(tensor)   # from whoever sends first
+    """
+    g = _group(group)
+    if g.rank < 0:
+        return -1
+    sender = _portal().run(g.recv(tensor, _group_peer(g, src, group_src, "src"), tag), what="recv()")
+    return g.ranks[sender]

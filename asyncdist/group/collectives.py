@@ -1,0 +1,261 @@
+"""The collective methods of :class:`~asyncdist.group.process_group.ProcessGroup` (await API).
+
+Each method checks its arguments locally (so a bad call fails at once with
+a clear error rather than as a mismatch on another rank), turns tensors
+into host buffers, describes the call for the mismatch check
+("all_reduce(sum, float32[1024])"), opens the group's next channel and
+runs the algorithm that :mod:`asyncdist.collectives.select` picks.
+
+Ranks are group ranks. Semantics are torch.distributed's: in place where
+torch is in place, inputs left untouched where torch leaves them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Sequence
+
+from ..reduce import kernels as ops
+from ..buffers.host import HostBuffer, as_host_buffer, describe, scratch_buffer, signature
+from ..engine.channel import Channel
+from ..collectives import select
+from ..collectives.barrier import dissemination_barrier
+from ..collectives.direct import copy_into, direct_all_to_all, direct_gather, direct_scatter
+from ..collectives.ring import even_slots, ring_all_gather, ring_reduce_scatter
+from ..errors import InvalidArgumentError
+from ..reduce.op import ReduceOp
+from ..buffers.contiguous import Writeback, staged
+
+__all__ = ["CollectiveMethods"]
+
+
+def _same_layout(buffers: Sequence[HostBuffer], like: HostBuffer, what: str) -> None:
+    for i, buf in enumerate(buffers):
+        if buf.dtype != like.dtype or buf.numel != like.numel:
+            raise InvalidArgumentError(
+                f"{what}[{i}] is {describe(buf.dtype, buf.shape)}, expected {describe(like.dtype, like.shape)}"
+            )
+
+
+def _write_back(writebacks: Sequence[Writeback]) -> None:
+    for write_back in writebacks:
+        write_back()
+
+
+class CollectiveMethods:
+    """Mixin: the collectives of a group. Needs ``rank``, ``size``, ``channel()``."""
+
+    rank: int
+    size: int
+
+    def channel(self, op: str) -> Channel:  # provided by ProcessGroup
+        raise NotImplementedError
+
+    def _root(self, root: object, what: str) -> int:
+        if type(root) is not int or not 0 <= root < self.size:
+            raise InvalidArgumentError(f"invalid {what} {root!r} for a group of size {self.size}")
+        return root
+
+    def _list(self, tensors: Any, what: str) -> list:
+        if not isinstance(tensors, (list, tuple)) or len(tensors) != self.size:
+            got = len(tensors) if isinstance(tensors, (list, tuple)) else type(tensors).__name__
+            raise InvalidArgumentError(f"{what} must be a list of {self.size} tensors (one per rank), got {got}")
+        return list(tensors)
+
+    async def barrier(self) -> None:
+        """Return once every member has entered the barrier."""
+        channel = self.channel("barrier")
+        await channel.run(dissemination_barrier(channel))
+
+    async def broadcast(self, tensor: Any, src: int) -> None:
+        """Copy group rank ``src``'s ``tensor`` into every rank's ``tensor``."""
+        root = self._root(src, "src")
+        buf, write_back = staged(tensor, writable=True)
+        channel = self.channel(f"broadcast(src={root}, {signature(buf.dtype, buf.shape)})")
+        await channel.run(select.broadcast(channel, buf, root))
+        write_back()
+
+    async def all_reduce_coalesced(self, tensors: Sequence[Any], op: Any = ReduceOp.SUM) -> None:
+        """All-reduce several tensors, each in place, as one call per tensor.
+
+        Every tensor is checked, then every call numbered, before the first
+        one runs: a bad tensor fails the whole request at once, and a
+        collective started concurrently on this group cannot slip in between.
+        """
+        checked = [self._all_reduce_input(tensor, op) for tensor in tensors]
+        calls = [self._all_reduce_call(buf, write_back, op) for buf, write_back in checked]
+        for call in calls:
+            await call()
+
+    async def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM) -> None:
+        """Combine every rank's ``tensor`` with ``op``; every rank gets the result in place."""
+        buf, write_back = self._all_reduce_input(tensor, op)
+        await self._all_reduce_call(buf, write_back, op)()
+
+    @staticmethod
+    def _all_reduce_input(tensor: Any, op: Any) -> tuple[HostBuffer, Writeback]:
+        buf, write_back = staged(tensor, writable=True)
+        ops.check_op(op, buf.dtype)
+        return buf, write_back
+
+    def _all_reduce_call(self, buf: HostBuffer, write_back: Writeback, op: Any) -> Callable[[], Awaitable[None]]:
+        channel = self.channel(f"all_reduce({ops.op_name(op)}, {signature(buf.dtype, buf.shape)})")
+
+        async def run() -> None:
+            ops.prepare(op, buf)
+            await channel.run(select.all_reduce(channel, buf, op))
+            ops.finish(op, buf, self.size)
+            write_back()
+
+        return run
+
+    async def reduce(self, tensor: Any, dst: int, op: Any = ReduceOp.SUM) -> None:
+        """Combine every rank's ``tensor`` into group rank ``dst``'s (others are left unchanged)."""
+        root = self._root(dst, "dst")
+        buf, write_back = staged(tensor, writable=(self.rank == root))
+        ops.check_op(op, buf.dtype)
+        channel = self.channel(f"reduce(dst={root}, {ops.op_name(op)}, {signature(buf.dtype, buf.shape)})")
+        if self.rank != root:
+            accumulator = scratch_buffer(buf.dtype, buf.numel)
+            copy_into(accumulator, buf)
+            buf = accumulator
+        ops.prepare(op, buf)
+        await channel.run(select.reduce(channel, buf, root, op))
+        if self.rank == root:
+            ops.finish(op, buf, self.size)
+            write_back()
+
+    async def all_gather(self, tensor_list: Sequence[Any], tensor: Any) -> None:
+        """Every rank's ``tensor`` lands in every rank's ``tensor_list[rank]``."""
+        outputs = self._list(tensor_list, "tensor_list")
+        send, _ = staged(tensor, writable=False)
+        staged_outputs = [staged(t, writable=True, name="tensor_list[i]") for t in outputs]
+        slots = [buf for buf, _ in staged_outputs]
+        _same_layout(slots, send, "tensor_list")
+        channel = self.channel(f"all_gather({signature(send.dtype, send.shape)})")
+        copy_into(slots[self.rank], send)
+        await channel.run(ring_all_gather(channel, slots))
+        _write_back([write_back for _, write_back in staged_outputs])
+
+    async def all_gather_into_tensor(self, output_tensor: Any, input_tensor: Any) -> None:
+        """Concatenate every rank's ``input_tensor`` (in rank order) into ``output_tensor``."""
+        send, _ = staged(input_tensor, writable=False, name="input_tensor")
+        out, write_back = staged(output_tensor, writable=True, name="output_tensor")
+        if out.dtype != send.dtype or out.numel != send.numel * self.size:
+            raise InvalidArgumentError(
+                f"output_tensor is {describe(out.dtype, out.shape)}; all_gather_into_tensor needs "
+                f"{self.size} x {describe(send.dtype, send.shape)}"
+            )
+        channel = self.channel(f"all_gather_into_tensor({signature(send.dtype, send.shape)})")
+        slots = even_slots(out, self.size)
+        copy_into(slots[self.rank], send)
+        await channel.run(ring_all_gather(channel, slots))
+        write_back()
+
+    async def gather(self, tensor: Any, gather_list: Sequence[Any] | None = None, dst: int = 0) -> None:
+        """Every rank's ``tensor`` lands in ``gather_list[rank]`` on group rank ``dst``."""
+        root = self._root(dst, "dst")
+        send, _ = staged(tensor, writable=False)
+        slots, writebacks = None, []
+        if self.rank == root:
+            staged_outputs = [staged(t, writable=True, name="gather_list[i]") for t in self._list(gather_list, "gather_list")]
+            slots = [buf for buf, _ in staged_outputs]
+            writebacks = [write_back for _, write_back in staged_outputs]
+            _same_layout(slots, send, "gather_list")
+        elif gather_list:
+            raise InvalidArgumentError(f"gather_list must be None or empty on ranks other than dst={root}")
+        channel = self.channel(f"gather(dst={root}, {signature(send.dtype, send.shape)})")
+        await channel.run(direct_gather(channel, send, slots, root))
+        _write_back(writebacks)
+
+    async def scatter(self, tensor: Any, scatter_list: Sequence[Any] | None = None, src: int = 0) -> None:
+        """Group rank ``src``'s ``scatter_list[rank]`` lands in every rank's ``tensor``."""
+        root = self._root(src, "src")
+        out, write_back = staged(tensor, writable=True)
+        slots = None
+        if self.rank == root:
+            slots = [staged(t, writable=False, name="scatter_list[i]")[0] for t in self._list(scatter_list, "scatter_list")]
+            _same_layout(slots, out, "scatter_list")
+        elif scatter_list:
+            raise InvalidArgumentError(f"scatter_list must be None or empty on ranks other than src={root}")
+        channel = self.channel(f"scatter(src={root}, {signature(out.dtype, out.shape)})")
+        await channel.run(direct_scatter(channel, slots, out, root))
+        write_back()
+
+    async def _reduce_scatter(self, out: HostBuffer, inputs: list[HostBuffer], op: Any, name: str) -> None:
+        ops.check_op(op, out.dtype)
+        _same_layout(inputs, out, "input")
+        channel = self.channel(f"{name}({ops.op_name(op)}, {signature(out.dtype, out.shape)} per rank)")
+        accumulator = scratch_buffer(out.dtype, out.numel * self.size)
+        slots = even_slots(accumulator, self.size)
+        for slot, buf in zip(slots, inputs):
+            copy_into(slot, buf)
+        ops.prepare(op, accumulator)
+        await channel.run(ring_reduce_scatter(channel, slots, op))
+        ops.finish(op, slots[self.rank], self.size)
+        copy_into(out, slots[self.rank])
+
+    async def reduce_scatter(self, output: Any, input_list: Sequence[Any], op: Any = ReduceOp.SUM) -> None:
+        """Combine every rank's ``input_list[i]`` with ``op`` into rank i's ``output``."""
+        out, write_back = staged(output, writable=True, name="output")
+        inputs = [staged(t, writable=False, name="input_list[i]")[0] for t in self._list(input_list, "input_list")]
+        await self._reduce_scatter(out, inputs, op, "reduce_scatter")
+        write_back()
+
+    async def reduce_scatter_tensor(self, output: Any, input: Any, op: Any = ReduceOp.SUM) -> None:
+        """Combine every rank's ``input`` with ``op``; rank i gets the i-th slice in ``output``."""
+        out, write_back = staged(output, writable=True, name="output")
+        whole, _ = staged(input, writable=False, name="input")
+        if whole.dtype != out.dtype or whole.numel != out.numel * self.size:
+            raise InvalidArgumentError(
+                f"input is {describe(whole.dtype, whole.shape)}; reduce_scatter_tensor needs "
+                f"{self.size} x {describe(out.dtype, out.shape)}"
+            )
+        await self._reduce_scatter(out, even_slots(whole, self.size), op, "reduce_scatter_tensor")
+        write_back()
+
+    async def all_to_all(self, output_tensor_list: Sequence[Any], input_tensor_list: Sequence[Any]) -> None:
+        """Rank i's ``input_tensor_list[j]`` lands in rank j's ``output_tensor_list[i]``."""
+        outputs = [staged(t, writable=True, name="output_tensor_list[i]") for t in self._list(output_tensor_list, "output_tensor_list")]
+        inputs = [staged(t, writable=False, name="input_tensor_list[i]")[0] for t in self._list(input_tensor_list, "input_tensor_list")]
+        dtypes = {buf.dtype for buf, _ in outputs} | {buf.dtype for buf in inputs}
+        if len(dtypes) != 1:
+            raise InvalidArgumentError(f"all_to_all needs one dtype for every tensor, got {sorted(dtypes)}")
+        channel = self.channel(f"all_to_all({dtypes.pop()})")
+        await channel.run(direct_all_to_all(channel, inputs, [buf for buf, _ in outputs]))
+        _write_back([write_back for _, write_back in outputs])
+
+    async def all_to_all_single(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+    ) -> None:
+        """Split ``input`` along dim 0 and send part j to rank j; rank i's part lands
+        in ``output`` at slot i. Split sizes count dim-0 rows; None splits evenly."""
+        # Unlike the other collectives, torch refuses non-contiguous tensors here.
+        out = as_host_buffer(output, writable=True, name="output")
+        whole = as_host_buffer(input, name="input")
+        if out.dtype != whole.dtype:
+            raise InvalidArgumentError(f"all_to_all_single: output is {out.dtype}, input is {whole.dtype}")
+        sends = self._split_rows(whole, input_split_sizes, "input")
+        receives = self._split_rows(out, output_split_sizes, "output")
+        channel = self.channel(f"all_to_all_single({whole.dtype})")
+        await channel.run(direct_all_to_all(channel, sends, receives))
+
+    def _split_rows(self, buf: HostBuffer, sizes: Sequence[int] | None, what: str) -> list[HostBuffer]:
+        rows = buf.shape[0] if buf.shape else 1
+        row = buf.numel // rows if rows else 0
+        if sizes is None or len(sizes) == 0:
+            if rows % self.size:
+                raise InvalidArgumentError(f"{what} has {rows} rows, which do not split evenly over {self.size} ranks")
+            sizes = [rows // self.size] * self.size
+        if len(sizes) != self.size or any(type(s) is not int or s < 0 for s in sizes) or sum(sizes) != rows:
+            raise InvalidArgumentError(
+                f"{what}_split_sizes {list(sizes)} must be {self.size} non-negative ints summing to {rows} rows"
+            )
+        slots, start = [], 0
+        for size in sizes:
+            slots.append(buf.elements(start * row, (start + size) * row))
+            start += size
+        return slots

@@ -1,0 +1,98 @@
+"""``init_world``: the entry point of the await API.
+
+It does what ``init_process_group`` does, as a coroutine on the caller's
+loop, and returns the world :class:`~asyncdist.group.process_group.ProcessGroup`
+instead of hiding it in module state::
+
+    world = await asyncdist.init_world("tcp://10.0.0.1:29500", rank=r, world_size=4)
+    try:
+        await world.send(x, dst=1)
+    finally:
+        await world.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from .process_group import ProcessGroup
+from .bootstrap import bootstrap
+from ..rendezvous.init_method import resolve
+from ..rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
+from ..transport.heartbeat import HeartbeatConfig
+
+__all__ = ["init_world", "DEFAULT_TIMEOUT"]
+
+#: torch.distributed's default timeout for process groups (30 minutes).
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+def to_seconds(timeout: timedelta | float | None) -> float:
+    """A timeout as seconds; None means the default."""
+    if timeout is None:
+        return DEFAULT_TIMEOUT.total_seconds()
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+
+
+async def init_world(
+    init_method: str | None = None,
+    *,
+    rank: int = -1,
+    world_size: int = -1,
+    store: Store | None = None,
+    timeout: timedelta | float | None = None,
+    group_name: str = "",
+    store_prefix: str = "asyncdist",
+    heartbeat: HeartbeatConfig | None = None,
+) -> ProcessGroup:
+    """Join the job and return its world group (loop thread; returns when all ranks joined).
+
+    Args:
+        init_method: ``env://`` (default), ``tcp://host:port`` or ``file:///path``.
+        rank, world_size: this rank and the number of ranks (-1: from the
+            environment or the URL).
+        store: a store to rendezvous through instead of ``init_method``.
+        timeout: a ``timedelta`` or seconds; bounds the rendezvous and becomes
+            the world group's per-operation timeout (default 30 minutes).
+        group_name: the world group's name, in error messages.
+        store_prefix: the key prefix used in the store (distinct per
+            initialisation when one store serves several).
+        heartbeat: how often idle connections are pinged and how long a
+            silent peer is trusted (None: ``ASYNCDIST_HEARTBEAT_INTERVAL`` /
+            ``ASYNCDIST_HEARTBEAT_TIMEOUT``, default 5 s / 30 s; see
+            :mod:`asyncdist.transport.heartbeat`).
+
+    Raises:
+        RendezvousError: see :func:`asyncdist.rendezvous.init_method.resolve`
+            and :func:`asyncdist.group.bootstrap.bootstrap`.
+        InvalidArgumentError: a bad heartbeat setting.
+    """
+    seconds = to_seconds(timeout)
+    if heartbeat is None:  # read now: a bad setting fails before the rendezvous, not in it
+        heartbeat = HeartbeatConfig.from_env()
+    loop = asyncio.get_running_loop()
+    plan = await loop.run_in_executor(
+        STORE_EXECUTOR,
+        lambda: resolve(init_method, rank=rank, world_size=world_size, store=store, timeout=seconds),
+    )
+    try:
+        engine = await bootstrap(
+            PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds,
+            heartbeat=heartbeat,
+        )
+    except BaseException:
+        if plan.owns_store:
+            plan.store.close()
+        raise
+    world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds)
+    world.store = PrefixStore(store_prefix, plan.store)  # where NCCL unique ids travel
+    if plan.owns_store:
+        world.on_close(lambda: loop.run_in_executor(STORE_EXECUTOR, plan.store.close))
+    world.on_close(engine.close)
+    try:
+        await world.barrier()
+    except BaseException:
+        await world.close()
+        raise
+    return world

@@ -1,0 +1,9 @@
+"""The wire: what goes over a connection, as bytes, with no sockets and no clock.
+
+Sans-I/O, after h11: :mod:`~asyncdist.wire.frames` turns headers into bytes
+and bytes back into headers and payload destinations;
+:mod:`~asyncdist.wire.handshake` is the state machine of the authenticated
+handshake. Nothing here awaits, reads a clock or touches a socket; the
+transport layer feeds bytes in and writes bytes out. Limits (the largest
+frame, the longest handshake message) are named constants with their reason.
+"""

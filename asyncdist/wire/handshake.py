@@ -1,0 +1,301 @@
+"""The connection handshake: only the job's own ranks may connect (sans-I/O).
+
+Every connection between two ranks starts with four small messages::
+
+    dialer                                   acceptor
+      HELLO      magic, version, job, rank, nonce_d   ->
+             <-  CHALLENGE  magic, version, job, rank, nonce_a, mac_a
+      AUTH       mac_d                                ->
+             <-  WELCOME | REJECT reason
+
+``mac_a = HMAC(secret, "acceptor" | nonce_d | nonce_a | job | ranks | memory_a)``
+proves to the dialer that it reached a rank of its own job; ``mac_d`` (with
+"dialer") proves the same the other way. Fresh nonces on both sides make a
+recorded handshake useless for a replay. The secret never crosses the wire.
+
+Each side also shows where a probe of its memory lies (``memory``, see
+:mod:`asyncdist.transport.cma`). Once the other side is authenticated, it
+tries to read that probe and says in its next message (``reads``) whether it
+could: a rank sends large payloads by memory only to a peer that can read it.
+
+Handshake messages are length-prefixed msgpack maps of at most
+:data:`MAX_HANDSHAKE_BYTES`, so a stranger's bytes (an HTTP request, random
+noise) fail the length check before anything is allocated. Nothing here
+touches a socket or a clock; :mod:`asyncdist.transport.connect` does the I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+
+import msgpack
+
+from ..errors import FrameTooLargeError, HandshakeError, ProtocolError
+from ..transport.cma import MemoryToken, PeerMemory, local_token, probe_peer, token_bytes, valid_token
+from .frames import PREFIX
+
+__all__ = [
+    "MAGIC",
+    "PROTOCOL_VERSION",
+    "MAX_HANDSHAKE_BYTES",
+    "Identity",
+    "PeerAccess",
+    "Dialer",
+    "Acceptor",
+    "encode_message",
+    "message_length",
+    "decode_message",
+    "reject_message",
+]
+
+MAGIC = "asyncdist"
+PROTOCOL_VERSION = 2
+# The largest handshake message; real ones are ~150 bytes.
+MAX_HANDSHAKE_BYTES = 4096
+_NONCE_BYTES = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who this rank is, for the handshake.
+
+    Attributes:
+        job_id: the job's identifier, the same on every rank.
+        rank: this process's global rank.
+        world_size: the number of ranks in the job.
+        secret: the job's shared secret (never sent).
+    """
+
+    job_id: str
+    rank: int
+    world_size: int
+    secret: bytes
+
+
+def encode_message(fields: dict) -> bytes:
+    """Frame a handshake message: 4-byte length prefix + msgpack map."""
+    body = msgpack.packb(fields, use_bin_type=True)
+    return PREFIX.pack(len(body)) + body
+
+
+def message_length(prefix: bytes) -> int:
+    """Return the body length announced by a 4-byte prefix, checked against the limit."""
+    (length,) = PREFIX.unpack(prefix)
+    if length > MAX_HANDSHAKE_BYTES:
+        raise FrameTooLargeError(
+            f"handshake message of {length} bytes exceeds the limit of {MAX_HANDSHAKE_BYTES} bytes "
+            "(not an asyncdist peer?)"
+        )
+    return length
+
+
+def decode_message(body: bytes, expected: str) -> dict:
+    """Parse a handshake message body and check its type.
+
+    Raises:
+        HandshakeError: malformed, or not the ``expected`` message type; a
+            REJECT message raises with the acceptor's reason.
+    """
+    try:
+        fields = msgpack.unpackb(body, raw=False, max_str_len=1024, max_bin_len=256, max_array_len=16, max_map_len=16)
+    except Exception as exc:
+        raise HandshakeError(f"malformed handshake message: {exc!r}") from exc
+    if not isinstance(fields, dict):
+        raise HandshakeError("malformed handshake message: not a map")
+    kind = fields.get("type")
+    if kind == "REJECT" and expected != "REJECT":
+        raise HandshakeError(f"connection refused by the peer: {fields.get('reason', '?')}")
+    if kind != expected:
+        raise HandshakeError(f"expected a {expected} handshake message, got {kind!r:.40}")
+    return fields
+
+
+def reject_message(reason: str) -> bytes:
+    """The message an acceptor sends before closing a connection it refuses."""
+    return encode_message({"type": "REJECT", "reason": reason})
+
+
+def _mac(secret: bytes, role: bytes, *parts: bytes) -> bytes:
+    return hmac.new(secret, role + b"|" + b"|".join(parts), hashlib.sha256).digest()
+
+
+def _field(fields: dict, name: str, kind: type) -> object:
+    value = fields.get(name)
+    if type(value) is not kind:
+        raise HandshakeError(f"handshake field {name!r} is missing or not {kind.__name__}")
+    return value
+
+
+def _check_peer(fields: dict, me: Identity) -> int:
+    """Check magic, version, job and rank of a HELLO or CHALLENGE; return the peer's rank."""
+    if fields.get("magic") != MAGIC:
+        raise HandshakeError("not an asyncdist peer (bad magic)")
+    version = fields.get("version")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise HandshakeError(f"protocol version mismatch: this rank speaks {PROTOCOL_VERSION}, the peer {version!r}")
+    job = fields.get("job")
+    if job != me.job_id:
+        raise HandshakeError(f"job id mismatch: this rank is in job {me.job_id!r}, the peer in {job!r:.80}")
+    rank = _field(fields, "rank", int)
+    if not 0 <= rank < me.world_size or rank == me.rank:
+        raise HandshakeError(f"peer claims rank {rank}, not a valid peer of rank {me.rank} (world size {me.world_size})")
+    return rank
+
+
+def _memory(fields: dict) -> bytes:
+    """The peer's memory token as its MAC covers it (malformed: as absent)."""
+    token = fields.get("memory")
+    return token_bytes(token if valid_token(token) else None)
+
+
+def _pair(a: int, b: int) -> bytes:
+    return f"{a}>{b}".encode()
+
+
+class PeerAccess:
+    """What both sides learn about the peer's memory (see the module docstring).
+
+    Attributes:
+        peer_memory: how to read the peer's memory, None if this rank cannot.
+        peer_reads_me: whether the peer said it can read this rank's memory.
+    """
+
+    def __init__(self, memory: MemoryToken | None | bool) -> None:
+        self._memory = local_token() if memory is True else (memory or None)
+        self.peer_memory: PeerMemory | None = None
+        self.peer_reads_me = False
+
+    def _probe(self, fields: dict) -> None:
+        """Try the authenticated peer's probe (``fields["memory"]``)."""
+        token = fields.get("memory")
+        self.peer_memory = probe_peer(token) if self._memory is not None else None
+
+
+class Dialer(PeerAccess):
+    """The dialing side's state machine: hello -> on_challenge -> on_verdict.
+
+    ``memory``: True to offer this process's memory (when the transport is
+    enabled), False not to, or an explicit token (tests).
+    """
+
+    def __init__(
+        self, me: Identity, expected_peer: int, nonce: bytes | None = None, memory: MemoryToken | bool = True
+    ) -> None:
+        super().__init__(memory)
+        self._me = me
+        self._expected_peer = expected_peer
+        self._nonce = nonce if nonce is not None else os.urandom(_NONCE_BYTES)
+        self._peer_nonce = b""
+
+    def hello(self) -> bytes:
+        """The first message to send."""
+        me = self._me
+        return encode_message(
+            {
+                "type": "HELLO",
+                "magic": MAGIC,
+                "version": PROTOCOL_VERSION,
+                "job": me.job_id,
+                "rank": me.rank,
+                "nonce": self._nonce,
+                "memory": self._memory,
+            }
+        )
+
+    def on_challenge(self, body: bytes) -> bytes:
+        """Verify the acceptor; return the AUTH message to send."""
+        fields = decode_message(body, "CHALLENGE")
+        peer = _check_peer(fields, self._me)
+        if peer != self._expected_peer:
+            raise HandshakeError(f"dialed rank {self._expected_peer} but rank {peer} answered")
+        nonce = _field(fields, "nonce", bytes)
+        me = self._me
+        expected = _mac(
+            me.secret, b"acceptor", self._nonce, nonce, me.job_id.encode(), _pair(me.rank, peer), _memory(fields)
+        )
+        if not hmac.compare_digest(expected, _field(fields, "mac", bytes)):
+            raise HandshakeError(f"rank {peer} failed authentication (different job secret?)")
+        self._peer_nonce = nonce
+        self._probe(fields)
+        mac = _mac(
+            me.secret, b"dialer", nonce, self._nonce, me.job_id.encode(), _pair(me.rank, peer), token_bytes(self._memory)
+        )
+        return encode_message({"type": "AUTH", "mac": mac, "reads": self.peer_memory is not None})
+
+    def on_verdict(self, body: bytes) -> None:
+        """Accept WELCOME; a REJECT raises :class:`HandshakeError` with its reason."""
+        fields = decode_message(body, "WELCOME")
+        self.peer_reads_me = self._memory is not None and fields.get("reads") is True
+
+
+class Acceptor(PeerAccess):
+    """The accepting side's state machine: on_hello -> on_auth.
+
+    After ``on_auth`` returns, :attr:`peer_rank` is the authenticated rank.
+    ``memory`` as for :class:`Dialer`.
+    """
+
+    def __init__(self, me: Identity, nonce: bytes | None = None, memory: MemoryToken | bool = True) -> None:
+        super().__init__(memory)
+        self._me = me
+        self._nonce = nonce if nonce is not None else os.urandom(_NONCE_BYTES)
+        self._peer_nonce = b""
+        self.peer_rank = -1
+        self._hello: dict = {}
+
+    def on_hello(self, body: bytes) -> bytes:
+        """Check the dialer's HELLO; return the CHALLENGE message to send."""
+        fields = decode_message(body, "HELLO")
+        peer = _check_peer(fields, self._me)
+        peer_nonce = _field(fields, "nonce", bytes)
+        if len(peer_nonce) < _NONCE_BYTES:
+            raise HandshakeError("handshake nonce too short")
+        me = self._me
+        self._peer_nonce = peer_nonce
+        self._hello = fields
+        self.peer_rank = peer
+        mac = _mac(
+            me.secret,
+            b"acceptor",
+            peer_nonce,
+            self._nonce,
+            me.job_id.encode(),
+            _pair(peer, me.rank),
+            token_bytes(self._memory),
+        )
+        return encode_message(
+            {
+                "type": "CHALLENGE",
+                "magic": MAGIC,
+                "version": PROTOCOL_VERSION,
+                "job": me.job_id,
+                "rank": me.rank,
+                "nonce": self._nonce,
+                "mac": mac,
+                "memory": self._memory,
+            }
+        )
+
+    def on_auth(self, body: bytes) -> bytes:
+        """Verify the dialer's AUTH; return the WELCOME message to send."""
+        if self.peer_rank < 0:
+            raise ProtocolError("AUTH before HELLO")
+        fields = decode_message(body, "AUTH")
+        me = self._me
+        expected = _mac(
+            me.secret,
+            b"dialer",
+            self._nonce,
+            self._peer_nonce,
+            me.job_id.encode(),
+            _pair(self.peer_rank, me.rank),
+            _memory(self._hello),
+        )
+        if not hmac.compare_digest(expected, _field(fields, "mac", bytes)):
+            raise HandshakeError(f"a peer claiming rank {self.peer_rank} failed authentication (wrong job secret)")
+        self._probe(self._hello)
+        self.peer_reads_me = self._memory is not None and fields.get("reads") is True
+        return encode_message({"type": "WELCOME", "reads": self.peer_memory is not None})
