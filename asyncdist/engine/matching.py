@@ -24,12 +24,11 @@ from typing import Any, Callable
 
 from ..buffers.host import HostBuffer, check_fits
 from ..errors import AsyncDistError, BufferMismatchError, CollectiveMismatchError
+from ..transport.stream import Fold
 from ..wire.frames import Header
 
 __all__ = ["PostedRecv", "Inbound", "Matcher", "misfit", "Fold"]
 
-#: ``fold(piece, offset)``: combine ``piece`` (uint8) into a receive's buffer at byte ``offset``.
-Fold = Callable[[Any, int], None]
 
 
 @dataclass(slots=True, eq=False)

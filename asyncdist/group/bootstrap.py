@@ -22,15 +22,14 @@ import time
 import uuid
 
 from ..engine.engine import Engine
+from .._config import JOB_ID_ENV, SECRET_ENV
 from ..errors import RendezvousError, StoreTimeoutError
 from ..wire.handshake import Identity
 from ..transport.heartbeat import HeartbeatConfig
 from ..rendezvous.store import Store
 
-__all__ = ["bootstrap", "SECRET_ENV", "JOB_ID_ENV"]
+__all__ = ["bootstrap"]
 
-SECRET_ENV = "ASYNCDIST_SECRET"
-JOB_ID_ENV = "ASYNCDIST_JOB_ID"
 # How often a waiting rank looks for another rank's abort message.
 _ABORT_POLL_SECONDS = 0.2
 _ABORT_KEY = "abort"

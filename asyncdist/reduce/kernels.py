@@ -161,7 +161,7 @@ def combine(op: Any, acc: HostBuffer, other: HostBuffer) -> None:
 
 
 def folder(op: Any, acc: HostBuffer) -> Callable[[np.ndarray, int], None]:
-    """A :data:`~asyncdist.engine.matching.Fold` that combines a received message
+    """A :data:`~asyncdist.transport.stream.Fold` that combines a received message
     into ``acc`` piece by piece: ``fold(piece, offset)`` runs :func:`combine`
     on the bytes of ``acc`` from ``offset``, with ``piece`` (uint8, whole
     elements) as the other operand.

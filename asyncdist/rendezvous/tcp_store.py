@@ -41,6 +41,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from .._config import SECRET_ENV
 from ..errors import (
     ClosedError,
     FrameTooLargeError,
@@ -81,14 +82,12 @@ from .tcp_server import StoreServer, open_server, release_server
 __all__ = ["TCPStore"]
 
 _REPLY_SLACK = 10.0  # seconds a client waits for a reply beyond the request's timeout
-# The job's secret when none is passed (the variable the rendezvous reads too).
-_SECRET_ENV = "ASYNCDIST_SECRET"
 
 
 def _as_secret(secret: str | bytes | None) -> bytes | None:
     """``secret=`` as bytes: None reads ``ASYNCDIST_SECRET``; empty means no secret."""
     if secret is None:
-        secret = os.environ.get(_SECRET_ENV, "")
+        secret = os.environ.get(SECRET_ENV, "")
     if isinstance(secret, str):
         secret = secret.encode()
     if not isinstance(secret, bytes):

@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping
 
 from .._torch import torch_or_none
 from ..errors import RendezvousError, StoreError
-from ..group.bootstrap import JOB_ID_ENV, SECRET_ENV
+from .._config import JOB_ID_ENV, SECRET_ENV
 from .store import Store
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 The same module surface asyncdist uses from CuPy (``NcclCommunicator``,
 ``get_unique_id``, ``get_version``, ``groupStart``/``groupEnd``, the
-``NCCL_*`` constants), acting on :mod:`.fake_device` pointers and streams,
+``NCCL_*`` constants), acting on :mod:`.fake_cuda` pointers and streams,
 so the NCCL path's mapping of every op is tested on a CPU with real ranks.
 
 It keeps NCCL's rules, so mistakes show: an op is queued on its stream and
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .fake_device import FakeStream, resolve, step
+from .fake_cuda import FakeStream, resolve, step
 
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
 NCCL_INT8, NCCL_UINT8, NCCL_INT32, NCCL_UINT32, NCCL_INT64, NCCL_UINT64 = 0, 1, 2, 3, 4, 5

@@ -35,18 +35,18 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping, TypedDict
+from typing import Mapping
 
 import numpy as np
 
+from ..wire.handshake import PROBE_BYTES, MemoryToken, valid_token
+
 __all__ = [
-    "MemoryToken",
     "PeerMemory",
+    "SAME_HOST",
     "enabled",
     "min_bytes",
     "local_token",
-    "token_bytes",
-    "valid_token",
     "probe_peer",
     "address_of",
 ]
@@ -54,7 +54,6 @@ __all__ = [
 _ENABLE_ENV = "ASYNCDIST_CMA"
 _MIN_BYTES_ENV = "ASYNCDIST_CMA_MIN_BYTES"
 _DEFAULT_MIN_BYTES = 512 * 1024
-_PROBE_BYTES = 16
 
 
 class _IoVec(ctypes.Structure):
@@ -90,15 +89,7 @@ def _reader_thread() -> ThreadPoolExecutor:
             _reader = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="asyncdist-cma"))
         return _reader[1]
 # This process's probe: random bytes at a fixed address, for peers to read.
-_probe = ctypes.create_string_buffer(os.urandom(_PROBE_BYTES), _PROBE_BYTES)
-
-class MemoryToken(TypedDict):
-    """What a rank shows of itself in the handshake: where its probe lies."""
-
-    pid: int
-    addr: int
-    probe: bytes
-
+_probe = ctypes.create_string_buffer(os.urandom(PROBE_BYTES), PROBE_BYTES)
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether this process offers and uses cross-memory reads."""
@@ -122,26 +113,6 @@ def local_token() -> MemoryToken | None:
     if not enabled():
         return None
     return {"pid": os.getpid(), "addr": ctypes.addressof(_probe), "probe": _probe.raw}
-
-
-def token_bytes(token: MemoryToken | None) -> bytes:
-    """A canonical encoding of ``token``, for the handshake's MACs."""
-    if token is None:
-        return b"-"
-    return b"%d:%d:%s" % (token["pid"], token["addr"], token["probe"].hex().encode())
-
-
-def valid_token(token: object) -> bool:
-    """Whether ``token`` (from the wire) has the fields and types of a MemoryToken."""
-    return (
-        isinstance(token, dict)
-        and type(token.get("pid")) is int
-        and type(token.get("addr")) is int
-        and isinstance(token.get("probe"), bytes)
-        and len(token["probe"]) == _PROBE_BYTES
-        and token["pid"] > 0
-        and token["addr"] > 0
-    )
 
 
 def address_of(view: memoryview) -> int:
@@ -201,9 +172,23 @@ def probe_peer(token: MemoryToken | None) -> PeerMemory | None:
     if token is None or not enabled() or not valid_token(token):
         return None
     memory = PeerMemory(token["pid"])
-    seen = bytearray(_PROBE_BYTES)
+    seen = bytearray(PROBE_BYTES)
     try:
         memory.read_into(memoryview(seen), token["addr"])
     except OSError:
         return None
     return memory if bytes(seen) == token["probe"] else None
+
+
+class _CrossMemoryAttach:
+    """This transport as the handshake's :class:`~asyncdist.wire.handshake.SameHostMemory`."""
+
+    def local_token(self) -> MemoryToken | None:
+        return local_token()
+
+    def probe(self, token: MemoryToken) -> PeerMemory | None:
+        return probe_peer(token)
+
+
+#: What :mod:`asyncdist.transport.connect` hands the handshake.
+SAME_HOST = _CrossMemoryAttach()

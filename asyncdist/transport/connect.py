@@ -18,6 +18,7 @@ import socket
 from ..errors import FrameTooLargeError, HandshakeError, PeerLostError, ProtocolError
 from ..wire.handshake import Acceptor, Dialer, Identity, PeerAccess, message_length, reject_message
 from ..wire.frames import PREFIX
+from .cma import SAME_HOST
 
 __all__ = ["open_listener", "dial", "accept_handshake", "tune_socket"]
 
@@ -91,7 +92,7 @@ async def dial(
     try:
         tune_socket(sock)
         await loop.sock_connect(sock, address)
-        handshake = Dialer(me, peer)
+        handshake = Dialer(me, peer, memory=SAME_HOST)
         await loop.sock_sendall(sock, handshake.hello())
         await loop.sock_sendall(sock, handshake.on_challenge(await _read_message(loop, sock)))
         handshake.on_verdict(await _read_message(loop, sock))
@@ -113,7 +114,7 @@ async def accept_handshake(
     On failure the connection is closed and the reason logged; nothing is raised.
     """
     tune_socket(sock)
-    handshake = Acceptor(me)
+    handshake = Acceptor(me, memory=SAME_HOST)
     try:
         await loop.sock_sendall(sock, handshake.on_hello(await _read_message(loop, sock)))
         await loop.sock_sendall(sock, handshake.on_auth(await _read_message(loop, sock)))

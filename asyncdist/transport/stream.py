@@ -38,15 +38,20 @@ import dataclasses
 import logging
 import socket
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import PeerLostError, ProtocolError
-from ..engine.matching import Fold
 from ..buffers.scratch import pool
 from ..wire.frames import FrameDecoder, Header, Kind, encode_header
+from ..wire.handshake import PeerMemoryReader
 from . import cma
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "Fold"]
+
+#: ``fold(piece, offset)``: combine ``piece`` (uint8) into a receive's buffer at
+#: byte ``offset``. The reduction comes from above (:func:`asyncdist.reduce.kernels.folder`);
+#: the transport only hands it the bytes as they are read.
+Fold = Callable[[Any, int], None]
 
 log = logging.getLogger("asyncdist.transport")
 
@@ -97,7 +102,7 @@ class Connection:
         peer: int,
         decoder: FrameDecoder,
         on_lost: Callable[[PeerLostError], None],
-        peer_memory: cma.PeerMemory | None = None,
+        peer_memory: PeerMemoryReader | None = None,
         peer_reads_me: bool = False,
         me: int = 0,
     ) -> None:

@@ -13,10 +13,13 @@ proves to the dialer that it reached a rank of its own job; ``mac_d`` (with
 "dialer") proves the same the other way. Fresh nonces on both sides make a
 recorded handshake useless for a replay. The secret never crosses the wire.
 
-Each side also shows where a probe of its memory lies (``memory``, see
-:mod:`asyncdist.transport.cma`). Once the other side is authenticated, it
-tries to read that probe and says in its next message (``reads``) whether it
-could: a rank sends large payloads by memory only to a peer that can read it.
+Each side also shows where a probe of its memory lies (``memory``, a
+:class:`MemoryToken`). Once the other side is authenticated, it tries to
+read that probe and says in its next message (``reads``) whether it could:
+a rank sends large payloads by memory only to a peer that can read it. The
+token's format is the wire's; offering a token and reading a peer's probe
+is I/O, so the transport passes it in (:class:`SameHostMemory`, implemented
+by :mod:`asyncdist.transport.cma`).
 
 Handshake messages are length-prefixed msgpack maps of at most
 :data:`MAX_HANDSHAKE_BYTES`, so a stranger's bytes (an HTTP request, random
@@ -30,11 +33,11 @@ import hashlib
 import hmac
 import os
 from dataclasses import dataclass
+from typing import Protocol, TypedDict, TypeGuard
 
 import msgpack
 
 from ..errors import FrameTooLargeError, HandshakeError, ProtocolError
-from ..transport.cma import MemoryToken, PeerMemory, local_token, probe_peer, token_bytes, valid_token
 from .frames import PREFIX
 
 __all__ = [
@@ -42,6 +45,9 @@ __all__ = [
     "PROTOCOL_VERSION",
     "MAX_HANDSHAKE_BYTES",
     "Identity",
+    "MemoryToken",
+    "PeerMemoryReader",
+    "SameHostMemory",
     "PeerAccess",
     "Dialer",
     "Acceptor",
@@ -49,6 +55,8 @@ __all__ = [
     "message_length",
     "decode_message",
     "reject_message",
+    "token_bytes",
+    "valid_token",
 ]
 
 MAGIC = "asyncdist"
@@ -56,6 +64,54 @@ PROTOCOL_VERSION = 2
 # The largest handshake message; real ones are ~150 bytes.
 MAX_HANDSHAKE_BYTES = 4096
 _NONCE_BYTES = 16
+#: Bytes of a memory probe: random, so that reading them back proves access.
+PROBE_BYTES = 16
+
+
+class MemoryToken(TypedDict):
+    """What a rank shows of itself in the handshake: where its probe lies."""
+
+    pid: int
+    addr: int
+    probe: bytes
+
+
+class PeerMemoryReader(Protocol):
+    """Read access to an authenticated peer's memory (the transport's)."""
+
+    def read_into(self, dest: memoryview, addr: int) -> None: ...
+
+
+class SameHostMemory(Protocol):
+    """What the handshake needs of the transport's same-host memory access."""
+
+    def local_token(self) -> MemoryToken | None:
+        """This process's probe to offer (None: the transport is off)."""
+        ...
+
+    def probe(self, token: MemoryToken) -> PeerMemoryReader | None:
+        """Read a valid peer token's probe; how to read its memory, or None."""
+        ...
+
+
+def token_bytes(token: MemoryToken | None) -> bytes:
+    """A canonical encoding of ``token``, for the handshake's MACs."""
+    if token is None:
+        return b"-"
+    return b"%d:%d:%s" % (token["pid"], token["addr"], token["probe"].hex().encode())
+
+
+def valid_token(token: object) -> TypeGuard[MemoryToken]:
+    """Whether ``token`` (from the wire) has the fields and types of a MemoryToken."""
+    return (
+        isinstance(token, dict)
+        and type(token.get("pid")) is int
+        and type(token.get("addr")) is int
+        and isinstance(token.get("probe"), bytes)
+        and len(token["probe"]) == PROBE_BYTES
+        and token["pid"] > 0
+        and token["addr"] > 0
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,26 +219,28 @@ class PeerAccess:
         peer_reads_me: whether the peer said it can read this rank's memory.
     """
 
-    def __init__(self, memory: MemoryToken | None | bool) -> None:
-        self._memory = local_token() if memory is True else (memory or None)
-        self.peer_memory: PeerMemory | None = None
+    def __init__(self, memory: SameHostMemory | None) -> None:
+        self._access = memory
+        self._memory = memory.local_token() if memory is not None else None
+        self.peer_memory: PeerMemoryReader | None = None
         self.peer_reads_me = False
 
     def _probe(self, fields: dict) -> None:
         """Try the authenticated peer's probe (``fields["memory"]``)."""
         token = fields.get("memory")
-        self.peer_memory = probe_peer(token) if self._memory is not None else None
+        if self._access is not None and self._memory is not None and valid_token(token):
+            self.peer_memory = self._access.probe(token)
 
 
 class Dialer(PeerAccess):
     """The dialing side's state machine: hello -> on_challenge -> on_verdict.
 
-    ``memory``: True to offer this process's memory (when the transport is
-    enabled), False not to, or an explicit token (tests).
+    ``memory``: the transport's same-host memory access, to offer this
+    process's memory and read the peer's; None not to.
     """
 
     def __init__(
-        self, me: Identity, expected_peer: int, nonce: bytes | None = None, memory: MemoryToken | bool = True
+        self, me: Identity, expected_peer: int, nonce: bytes | None = None, memory: SameHostMemory | None = None
     ) -> None:
         super().__init__(memory)
         self._me = me
@@ -238,7 +296,7 @@ class Acceptor(PeerAccess):
     ``memory`` as for :class:`Dialer`.
     """
 
-    def __init__(self, me: Identity, nonce: bytes | None = None, memory: MemoryToken | bool = True) -> None:
+    def __init__(self, me: Identity, nonce: bytes | None = None, memory: SameHostMemory | None = None) -> None:
         super().__init__(memory)
         self._me = me
         self._nonce = nonce if nonce is not None else os.urandom(_NONCE_BYTES)

@@ -24,12 +24,15 @@ from asyncdist.wire.handshake import (
     Acceptor,
     Dialer,
     Identity,
+    MemoryToken,
     decode_message,
     encode_message,
     message_length,
     reject_message,
+    token_bytes,
 )
 from asyncdist.transport import cma
+from asyncdist.transport.cma import SAME_HOST
 from asyncdist.wire.frames import PREFIX
 
 SECRET = b"job-secret-0123456789abcdef"
@@ -100,7 +103,7 @@ def test_success_gives_acceptor_the_dialer_rank(dialer_rank: int, acceptor_rank:
 
 def test_messages_carry_the_documented_fields_and_macs() -> None:
     hello, challenge, auth, welcome = handshake(
-        Dialer(me(2), expected_peer=0, nonce=NONCE_D, memory=False), Acceptor(me(0), nonce=NONCE_A, memory=False)
+        Dialer(me(2), expected_peer=0, nonce=NONCE_D, memory=None), Acceptor(me(0), nonce=NONCE_A, memory=None)
     )
     assert msgpack.unpackb(body(hello)) == hello_fields(rank=2)
     assert msgpack.unpackb(body(challenge)) == {
@@ -113,19 +116,33 @@ def test_messages_carry_the_documented_fields_and_macs() -> None:
     assert msgpack.unpackb(body(welcome)) == {"type": "WELCOME", "reads": False}
 
 
+class Offering:
+    """The transport's memory access, offering ``token`` instead of its own."""
+
+    def __init__(self, token: MemoryToken) -> None:
+        self.token = token
+
+    def local_token(self) -> MemoryToken:
+        return self.token
+
+    def probe(self, token: MemoryToken) -> cma.PeerMemory | None:
+        return SAME_HOST.probe(token)
+
+
 requires_cma = pytest.mark.skipif(cma.local_token() is None, reason="cross-memory attach unavailable here")
 
 
 @requires_cma
 def test_ranks_that_can_read_each_others_memory_learn_it_both_ways() -> None:
     token = cma.local_token()
-    dialer, acceptor = Dialer(me(1), expected_peer=0, nonce=NONCE_D), Acceptor(me(0), nonce=NONCE_A)
+    dialer = Dialer(me(1), expected_peer=0, nonce=NONCE_D, memory=SAME_HOST)
+    acceptor = Acceptor(me(0), nonce=NONCE_A, memory=SAME_HOST)
     _, challenge, auth, welcome = handshake(dialer, acceptor)
     for side in (dialer, acceptor):
         assert side.peer_memory == cma.PeerMemory(token["pid"]) and side.peer_reads_me
     assert msgpack.unpackb(body(auth))["reads"] is True and msgpack.unpackb(body(welcome))["reads"] is True
     # The acceptor's memory token is covered by its MAC (and the dialer's by its own).
-    memory = cma.token_bytes(token)
+    memory = token_bytes(token)
     assert msgpack.unpackb(body(challenge))["mac"] == reference_mac(
         b"acceptor", NONCE_D, NONCE_A, dialer=1, acceptor=0, memory=memory
     )
@@ -135,8 +152,8 @@ def test_ranks_that_can_read_each_others_memory_learn_it_both_ways() -> None:
 @requires_cma
 @pytest.mark.parametrize("offered", [(True, False), (False, True), (False, False)])
 def test_memory_is_used_only_where_both_sides_offer_it(offered: tuple[bool, bool]) -> None:
-    dialer = Dialer(me(1), expected_peer=0, memory=offered[0])
-    acceptor = Acceptor(me(0), memory=offered[1])
+    dialer = Dialer(me(1), expected_peer=0, memory=SAME_HOST if offered[0] else None)
+    acceptor = Acceptor(me(0), memory=SAME_HOST if offered[1] else None)
     handshake(dialer, acceptor)
     assert (dialer.peer_memory, dialer.peer_reads_me, acceptor.peer_memory, acceptor.peer_reads_me) == (
         None, False, None, False,
@@ -149,8 +166,8 @@ def test_a_probe_that_does_not_read_back_means_no_memory_access() -> None:
     # its token names memory that is not there (or holds other bytes) here.
     token = cma.local_token()
     wrong = {**token, "probe": bytes(16)}
-    dialer = Dialer(me(1), expected_peer=0, memory=wrong)
-    acceptor = Acceptor(me(0), memory=token)
+    dialer = Dialer(me(1), expected_peer=0, memory=Offering(wrong))
+    acceptor = Acceptor(me(0), memory=SAME_HOST)
     handshake(dialer, acceptor)
     assert acceptor.peer_memory is None and not dialer.peer_reads_me  # nobody reads the dialer
     assert dialer.peer_memory is not None and acceptor.peer_reads_me  # the acceptor's probe is genuine
@@ -158,8 +175,8 @@ def test_a_probe_that_does_not_read_back_means_no_memory_access() -> None:
 
 @requires_cma
 def test_a_memory_token_altered_in_transit_fails_authentication() -> None:
-    dialer = Dialer(me(1), expected_peer=0, nonce=NONCE_D)
-    challenge = msgpack.unpackb(body(Acceptor(me(0), nonce=NONCE_A).on_hello(body(dialer.hello()))))
+    dialer = Dialer(me(1), expected_peer=0, nonce=NONCE_D, memory=SAME_HOST)
+    challenge = msgpack.unpackb(body(Acceptor(me(0), nonce=NONCE_A, memory=SAME_HOST).on_hello(body(dialer.hello()))))
     challenge["memory"] = {**challenge["memory"], "pid": 1}  # point the dialer's reads elsewhere
     with pytest.raises(HandshakeError, match="rank 0 failed authentication"):
         dialer.on_challenge(msgpack.packb(challenge, use_bin_type=True))
