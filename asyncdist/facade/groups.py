@@ -1,7 +1,7 @@
 """The blocking facade's groups: ``new_group`` and friends, as torch.distributed has them.
 
 Groups are made by the await API (:meth:`ProcessGroup.new_group
-<asyncdist.group.subgroups.SubgroupMethods.new_group>`) on the loop thread;
+<asyncdist.group.process_group.ProcessGroup.new_group>`) on the loop thread;
 nothing is sent, so every rank of the job must create the same groups in the
 same order, members or not (torch asks the same). The world group keeps the
 groups made from it, so the facade's one piece of state (the world) holds
@@ -120,7 +120,7 @@ def new_group(
     def create() -> ProcessGroup:
         sub = world.new_group(members, timeout=timeout, name=group_desc)
         if sub.rank < 0:
-            world.subgroups.remove(sub)  # unreachable to the caller: nothing to keep
+            world.subgroups.groups.remove(sub)  # unreachable to the caller: nothing to keep
         else:
             sub.store = world.store
             _use_backend(sub, backend, world.store)

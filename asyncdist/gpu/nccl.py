@@ -64,7 +64,7 @@ class NcclBackend:
         self._group = group
         self._store = store
         # Every rank makes its groups in the same order, so the context id agrees across ranks.
-        self._key = f"nccl/{group.name}/{group._coll_ctx}"
+        self._key = f"nccl/{group.name}/{group.calls.collective_context}"
         self._comm: Any = None
         self._nccl: Any = None
         self._adapter: DeviceAdapter | None = None
@@ -103,7 +103,7 @@ class NcclBackend:
         group = self._group
         if peer is None:
             raise InvalidArgumentError("a receive from any source (src=None) is not supported with NCCL; name the sender")
-        group._peer(peer, "dst" if kind == "send" else "src")
+        group.members.peer(peer, "dst" if kind == "send" else "src")
         what = f"{kind} {'to' if kind == 'send' else 'from'} rank {peer} on group {group.name!r} (NCCL)"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + group.timeout

@@ -1,4 +1,4 @@
-"""The collective methods of :class:`~asyncdist.group.process_group.ProcessGroup` (await API).
+"""The collectives of a group (await API): arguments checked, algorithm chosen, call run.
 
 Each method checks its arguments locally (so a bad call fails at once with
 a clear error rather than as a mismatch on another rank), turns tensors
@@ -16,7 +16,6 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from ..reduce import kernels as ops
 from ..buffers.host import HostBuffer, as_host_buffer, describe, scratch_buffer, signature
-from ..engine.channel import Channel
 from ..collectives import select
 from ..collectives.barrier import dissemination_barrier
 from ..collectives.direct import copy_into, direct_all_to_all, direct_gather, direct_scatter
@@ -24,8 +23,9 @@ from ..collectives.ring import even_slots, ring_all_gather, ring_reduce_scatter
 from ..errors import InvalidArgumentError
 from ..reduce.op import ReduceOp
 from ..buffers.contiguous import Writeback, staged
+from .calls import Calls
 
-__all__ = ["CollectiveMethods"]
+__all__ = ["Collectives"]
 
 
 def _same_layout(buffers: Sequence[HostBuffer], like: HostBuffer, what: str) -> None:
@@ -41,19 +41,22 @@ def _write_back(writebacks: Sequence[Writeback]) -> None:
         write_back()
 
 
-class CollectiveMethods:
-    """Mixin: the collectives of a group. Needs ``rank``, ``size``, ``channel()``."""
+class Collectives:
+    """The host collectives of one group; ProcessGroup's collective methods.
 
-    rank: int
-    size: int
+    Args:
+        calls: the group's numbering and timeouts; every method opens the
+            group's next call through it.
+    """
 
-    def channel(self, op: str) -> Channel:  # provided by ProcessGroup
-        raise NotImplementedError
+    def __init__(self, calls: Calls) -> None:
+        self._calls = calls
+        self._members = calls.members
+        self.rank = calls.members.rank
+        self.size = calls.members.size
 
     def _root(self, root: object, what: str) -> int:
-        if type(root) is not int or not 0 <= root < self.size:
-            raise InvalidArgumentError(f"invalid {what} {root!r} for a group of size {self.size}")
-        return root
+        return self._members.check(root, what)
 
     def _list(self, tensors: Any, what: str) -> list:
         if not isinstance(tensors, (list, tuple)) or len(tensors) != self.size:
@@ -63,14 +66,14 @@ class CollectiveMethods:
 
     async def barrier(self) -> None:
         """Return once every member has entered the barrier."""
-        channel = self.channel("barrier")
+        channel = self._calls.channel("barrier")
         await channel.run(dissemination_barrier(channel))
 
     async def broadcast(self, tensor: Any, src: int) -> None:
         """Copy group rank ``src``'s ``tensor`` into every rank's ``tensor``."""
         root = self._root(src, "src")
         buf, write_back = staged(tensor, writable=True)
-        channel = self.channel(f"broadcast(src={root}, {signature(buf.dtype, buf.shape)})")
+        channel = self._calls.channel(f"broadcast(src={root}, {signature(buf.dtype, buf.shape)})")
         await channel.run(select.broadcast(channel, buf, root))
         write_back()
 
@@ -98,7 +101,7 @@ class CollectiveMethods:
         return buf, write_back
 
     def _all_reduce_call(self, buf: HostBuffer, write_back: Writeback, op: Any) -> Callable[[], Awaitable[None]]:
-        channel = self.channel(f"all_reduce({ops.op_name(op)}, {signature(buf.dtype, buf.shape)})")
+        channel = self._calls.channel(f"all_reduce({ops.op_name(op)}, {signature(buf.dtype, buf.shape)})")
 
         async def run() -> None:
             ops.prepare(op, buf)
@@ -113,7 +116,7 @@ class CollectiveMethods:
         root = self._root(dst, "dst")
         buf, write_back = staged(tensor, writable=(self.rank == root))
         ops.check_op(op, buf.dtype)
-        channel = self.channel(f"reduce(dst={root}, {ops.op_name(op)}, {signature(buf.dtype, buf.shape)})")
+        channel = self._calls.channel(f"reduce(dst={root}, {ops.op_name(op)}, {signature(buf.dtype, buf.shape)})")
         if self.rank != root:
             accumulator = scratch_buffer(buf.dtype, buf.numel)
             copy_into(accumulator, buf)
@@ -131,7 +134,7 @@ class CollectiveMethods:
         staged_outputs = [staged(t, writable=True, name="tensor_list[i]") for t in outputs]
         slots = [buf for buf, _ in staged_outputs]
         _same_layout(slots, send, "tensor_list")
-        channel = self.channel(f"all_gather({signature(send.dtype, send.shape)})")
+        channel = self._calls.channel(f"all_gather({signature(send.dtype, send.shape)})")
         copy_into(slots[self.rank], send)
         await channel.run(ring_all_gather(channel, slots))
         _write_back([write_back for _, write_back in staged_outputs])
@@ -145,7 +148,7 @@ class CollectiveMethods:
                 f"output_tensor is {describe(out.dtype, out.shape)}; all_gather_into_tensor needs "
                 f"{self.size} x {describe(send.dtype, send.shape)}"
             )
-        channel = self.channel(f"all_gather_into_tensor({signature(send.dtype, send.shape)})")
+        channel = self._calls.channel(f"all_gather_into_tensor({signature(send.dtype, send.shape)})")
         slots = even_slots(out, self.size)
         copy_into(slots[self.rank], send)
         await channel.run(ring_all_gather(channel, slots))
@@ -163,7 +166,7 @@ class CollectiveMethods:
             _same_layout(slots, send, "gather_list")
         elif gather_list:
             raise InvalidArgumentError(f"gather_list must be None or empty on ranks other than dst={root}")
-        channel = self.channel(f"gather(dst={root}, {signature(send.dtype, send.shape)})")
+        channel = self._calls.channel(f"gather(dst={root}, {signature(send.dtype, send.shape)})")
         await channel.run(direct_gather(channel, send, slots, root))
         _write_back(writebacks)
 
@@ -177,14 +180,14 @@ class CollectiveMethods:
             _same_layout(slots, out, "scatter_list")
         elif scatter_list:
             raise InvalidArgumentError(f"scatter_list must be None or empty on ranks other than src={root}")
-        channel = self.channel(f"scatter(src={root}, {signature(out.dtype, out.shape)})")
+        channel = self._calls.channel(f"scatter(src={root}, {signature(out.dtype, out.shape)})")
         await channel.run(direct_scatter(channel, slots, out, root))
         write_back()
 
     async def _reduce_scatter(self, out: HostBuffer, inputs: list[HostBuffer], op: Any, name: str) -> None:
         ops.check_op(op, out.dtype)
         _same_layout(inputs, out, "input")
-        channel = self.channel(f"{name}({ops.op_name(op)}, {signature(out.dtype, out.shape)} per rank)")
+        channel = self._calls.channel(f"{name}({ops.op_name(op)}, {signature(out.dtype, out.shape)} per rank)")
         accumulator = scratch_buffer(out.dtype, out.numel * self.size)
         slots = even_slots(accumulator, self.size)
         for slot, buf in zip(slots, inputs):
@@ -220,7 +223,7 @@ class CollectiveMethods:
         dtypes = {buf.dtype for buf, _ in outputs} | {buf.dtype for buf in inputs}
         if len(dtypes) != 1:
             raise InvalidArgumentError(f"all_to_all needs one dtype for every tensor, got {sorted(dtypes)}")
-        channel = self.channel(f"all_to_all({dtypes.pop()})")
+        channel = self._calls.channel(f"all_to_all({dtypes.pop()})")
         await channel.run(direct_all_to_all(channel, inputs, [buf for buf, _ in outputs]))
         _write_back([write_back for _, write_back in outputs])
 
@@ -240,7 +243,7 @@ class CollectiveMethods:
             raise InvalidArgumentError(f"all_to_all_single: output is {out.dtype}, input is {whole.dtype}")
         sends = self._split_rows(whole, input_split_sizes, "input")
         receives = self._split_rows(out, output_split_sizes, "output")
-        channel = self.channel(f"all_to_all_single({whole.dtype})")
+        channel = self._calls.channel(f"all_to_all_single({whole.dtype})")
         await channel.run(direct_all_to_all(channel, sends, receives))
 
     def _split_rows(self, buf: HostBuffer, sizes: Sequence[int] | None, what: str) -> list[HostBuffer]:

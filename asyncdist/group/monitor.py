@@ -30,20 +30,27 @@ import numpy as np
 
 from ..buffers.host import as_host_buffer
 from ..engine.channel import Channel, wait_until
-from ..errors import AsyncDistError, InvalidArgumentError, OperationTimeoutError
+from ..errors import AsyncDistError, OperationTimeoutError
+from ..timeouts import seconds as as_seconds
+from .calls import Calls
 
-__all__ = ["MonitorMethods"]
+__all__ = ["Monitor"]
 
 
-class MonitorMethods:
-    """Mixin: ``monitored_barrier``. Needs ``rank``, ``size``, ``ranks``, ``name``,
-    ``timeout`` and ``channel()``."""
+class Monitor:
+    """``monitored_barrier`` of one group.
 
-    rank: int
-    size: int
-    ranks: tuple[int, ...]
-    name: str
-    timeout: float
+    Args:
+        calls: the group's numbering and timeouts.
+    """
+
+    def __init__(self, calls: Calls) -> None:
+        self._calls = calls
+        self._members = calls.members
+        self.rank = calls.members.rank
+        self.size = calls.members.size
+        self.ranks = calls.members.ranks
+        self.name = calls.members.name
 
     async def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
         """Return once every member has entered; otherwise fail, naming who did not.
@@ -58,10 +65,8 @@ class MonitorMethods:
                 did not enter in time (or was lost); the message names it.
             InvalidArgumentError: ``timeout`` is not positive.
         """
-        seconds = self.timeout if timeout is None else _seconds(timeout)
-        if not seconds > 0:
-            raise InvalidArgumentError(f"monitored_barrier: timeout must be positive, got {timeout!r}")
-        channel = self.channel("monitored_barrier")  # type: ignore[attr-defined]
+        seconds = as_seconds(timeout, default=self._calls.timeout, what="monitored_barrier: timeout")
+        channel = self._calls.channel("monitored_barrier")
         # run(): a failure marks the call failed here, so late arrivals are
         # dropped, not taken for a later call's. No ABORT: the verdict tells
         # every rank, the late ones included.
@@ -71,7 +76,6 @@ class MonitorMethods:
             await channel.run(self._check_in(channel, seconds), relay=False)
 
     async def _monitor(self, channel: Channel, seconds: float, wait_all_ranks: bool) -> None:
-        loop = asyncio.get_running_loop()
         arrivals = {peer: channel.start_recv(_flags(1), peer) for peer in range(1, self.size)}
         futures = {recv.future: peer for peer, recv in arrivals.items()}
         done: set = set()
@@ -104,7 +108,7 @@ class MonitorMethods:
         if failed:
             cause = next((lost[p] for p in failed if p in lost), None)
             error = OperationTimeoutError(
-                f"rank {self.ranks[0]}: monitored_barrier of group {self.name!r}: {self._who(failed)} "
+                f"rank {self.ranks[0]}: monitored_barrier of group {self.name!r}: {self._members.who(failed)} "
                 f"failed to pass it within {seconds:g} s" + (f" ({cause})" if cause else "")
             )
             raise error from cause
@@ -134,21 +138,9 @@ class MonitorMethods:
         if failed:
             raise OperationTimeoutError(
                 f"rank {me}: monitored_barrier of group {self.name!r}: group rank 0 reports that "
-                f"{self._who(failed)} failed to pass it in time"
+                f"{self._members.who(failed)} failed to pass it in time"
             )
-
-    def _who(self, group_ranks: list[int]) -> str:
-        """'rank 3' / 'ranks 1, 3', with the global ranks when they differ."""
-        words = ("rank " if len(group_ranks) == 1 else "ranks ") + ", ".join(map(str, group_ranks))
-        global_ranks = [self.ranks[r] for r in group_ranks]
-        if global_ranks != group_ranks:
-            words += f" (global {', '.join(map(str, global_ranks))})"
-        return words
 
 
 def _flags(n: int):
     return as_host_buffer(np.ones(n, np.uint8), writable=True)
-
-
-def _seconds(timeout: timedelta | float) -> float:
-    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)

@@ -1,4 +1,4 @@
-"""The object collectives of :class:`~asyncdist.group.process_group.ProcessGroup` (await API).
+"""The object collectives of a group (await API), over its tensor operations.
 
 ``broadcast_object_list``, ``all_gather_object``, ``gather_object``,
 ``scatter_object_list``, ``send_object_list`` and ``recv_object_list`` move
@@ -23,13 +23,13 @@ facade's object collectives always do. Ranks are group ranks; loop thread only.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["ObjectMethods"]
+__all__ = ["ObjectCollectives", "TensorOps"]
 
 
 def _pickled(obj: Any) -> np.ndarray:
@@ -59,15 +59,31 @@ def _unpickle_all(payload: np.ndarray, sizes: np.ndarray, out: list) -> None:
         offset += size
 
 
-class ObjectMethods:
-    """Mixin: the object collectives of a group.
-
-    Needs the group's ``rank``, ``size`` and its tensor methods (``broadcast``,
-    ``all_gather_into_tensor``, ``gather``, ``scatter``, ``send``, ``recv``).
-    """
+class TensorOps(Protocol):
+    """The group's tensor operations that the object collectives move bytes with."""
 
     rank: int
     size: int
+
+    async def broadcast(self, tensor: Any, src: int) -> None: ...
+    async def all_gather_into_tensor(self, output_tensor: Any, input_tensor: Any) -> None: ...
+    async def gather(self, tensor: Any, gather_list: Sequence[Any] | None = None, dst: int = 0) -> None: ...
+    async def scatter(self, tensor: Any, scatter_list: Sequence[Any] | None = None, src: int = 0) -> None: ...
+    async def send(self, tensor: Any, dst: int, tag: int = 0) -> None: ...
+    async def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int: ...
+
+
+class ObjectCollectives:
+    """The object collectives of one group.
+
+    Args:
+        tensors: the group's public tensor operations (the ProcessGroup).
+    """
+
+    def __init__(self, tensors: TensorOps) -> None:
+        self._tensors = tensors
+        self.rank = tensors.rank
+        self.size = tensors.size
 
     async def broadcast_object_list(self, object_list: list, src: int = 0) -> None:
         """Replace every rank's ``object_list`` items with group rank ``src``'s (in place).
@@ -85,10 +101,10 @@ class ObjectMethods:
             pickled = [_pickled(obj) for obj in object_list]
             sizes[:] = [p.size for p in pickled]
             payload = np.concatenate(pickled) if pickled else np.zeros(0, np.uint8)
-        await self.broadcast(sizes, src)  # type: ignore[attr-defined]
+        await self._tensors.broadcast(sizes, src)
         if payload is None:
             payload = np.empty(int(sizes.sum()), np.uint8)
-        await self.broadcast(payload, src)  # type: ignore[attr-defined]
+        await self._tensors.broadcast(payload, src)
         if self.rank != src:
             _unpickle_all(payload, sizes, object_list)
 
@@ -122,16 +138,16 @@ class ObjectMethods:
         """Every rank's ``obj`` unpickled at ``dst``, or everywhere when ``dst`` is None."""
         mine = _pickled(obj)
         sizes = np.zeros(self.size, np.int64)
-        await self.all_gather_into_tensor(sizes, np.array([mine.size], np.int64))  # type: ignore[attr-defined]
+        await self._tensors.all_gather_into_tensor(sizes, np.array([mine.size], np.int64))
         width = int(sizes.max())
         (mine,) = _padded([mine], width)
         if dst is None:
             whole = np.empty(width * self.size, np.uint8)
-            await self.all_gather_into_tensor(whole, mine)  # type: ignore[attr-defined]
+            await self._tensors.all_gather_into_tensor(whole, mine)
             slots = np.split(whole, self.size)
         else:
             slots = [np.empty(width, np.uint8) for _ in range(self.size)] if self.rank == dst else None
-            await self.gather(mine, slots, dst)  # type: ignore[attr-defined]
+            await self._tensors.gather(mine, slots, dst)
             if slots is None:
                 return None
         return [_unpickled(slot, size) for slot, size in zip(slots, sizes.tolist())]
@@ -154,9 +170,9 @@ class ObjectMethods:
             pickled = [_pickled(obj) for obj in self._object_slots(scatter_object_input_list, "scatter_object_input_list")]
             sizes[:] = [p.size for p in pickled]
             pieces = _padded(pickled, int(sizes.max()))
-        await self.broadcast(sizes, src)  # type: ignore[attr-defined]
+        await self._tensors.broadcast(sizes, src)
         mine = np.empty(int(sizes.max()), np.uint8)
-        await self.scatter(mine, pieces, src)  # type: ignore[attr-defined]
+        await self._tensors.scatter(mine, pieces, src)
         scatter_object_output_list[0] = _unpickled(mine, int(sizes[self.rank]))
 
     async def send_object_list(self, object_list: Sequence[Any], dst: int) -> None:
@@ -169,8 +185,8 @@ class ObjectMethods:
             InvalidRankError, PeerLostError, OperationTimeoutError: as for ``send``.
         """
         pickled = [_pickled(obj) for obj in object_list]
-        await self.send(np.array([p.size for p in pickled], np.int64), dst)  # type: ignore[attr-defined]
-        await self.send(np.concatenate(pickled) if pickled else np.zeros(0, np.uint8), dst)  # type: ignore[attr-defined]
+        await self._tensors.send(np.array([p.size for p in pickled], np.int64), dst)
+        await self._tensors.send(np.concatenate(pickled) if pickled else np.zeros(0, np.uint8), dst)
 
     async def recv_object_list(self, object_list: list, src: int | None = None) -> int:
         """Receive objects sent with :meth:`send_object_list` into ``object_list`` (in place).
@@ -187,9 +203,9 @@ class ObjectMethods:
             PeerLostError, OperationTimeoutError: as for ``recv``.
         """
         sizes = np.zeros(len(object_list), np.int64)
-        sender = await self.recv(sizes, src)  # type: ignore[attr-defined]
+        sender = await self._tensors.recv(sizes, src)
         payload = np.empty(int(sizes.sum()), np.uint8)
-        await self.recv(payload, sender)  # type: ignore[attr-defined]
+        await self._tensors.recv(payload, sender)
         _unpickle_all(payload, sizes, object_list)
         return sender
 

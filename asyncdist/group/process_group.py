@@ -1,43 +1,80 @@
-"""``ProcessGroup``: the await API of a set of ranks.
+"""``ProcessGroup``: the await API of a set of ranks, composed of explicit parts.
 
-A group maps its own ranks (0..size-1) onto the engine's global ranks and
-gives every operation a context, a tag, a timeout and an error message that
-names it. Point-to-point messages use the group's p2p context with the
-user's tag; each collective call takes the next sequence number of the
-group and uses it as its tag in the group's collective context, so calls
-never mix, even when several run at once on one loop.
+A group is assembled from parts, each with its own state, none reading
+another's private attributes:
 
-Loop thread only: the ``i*`` methods start an operation and return a
-:class:`~asyncdist.group.work.Work` at once; the ``async`` methods complete it.
+* :class:`~.members.Members`: who is in the group, rank translation, the
+  one check of a rank argument;
+* :class:`~.calls.Calls`: contexts, call numbers, reservations, timeouts;
+* :class:`~.p2p.PointToPoint`, :class:`~.collectives.Collectives`,
+  :class:`~.objects.ObjectCollectives`, :class:`~.monitor.Monitor`: the
+  operations;
+* :class:`~.devices.Devices`: where operations with device operands go;
+* :class:`~.subgroups.Subgroups`: the groups made from this one.
+
+ProcessGroup's methods are those parts' methods; a collective first asks
+whether an operand lives on a device. Loop thread only: the ``i*`` methods
+start an operation and return a :class:`~asyncdist.group.work.Work` at
+once; the ``async`` methods complete it.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import inspect
-from typing import Any, Callable, Sequence
+from datetime import timedelta
+from typing import Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, Sequence, TypeVar
 
-from ..buffers.host import as_host_buffer
-from ..engine.channel import Channel, wait_until
+import numpy as np
+
+from ..engine.channel import Channel
 from ..engine.engine import Engine
+from ..errors import InvalidArgumentError
 from ..gpu.device import any_device
-from ..errors import CollectiveMismatchError, InvalidArgumentError, InvalidRankError, OperationTimeoutError
-from .collectives import CollectiveMethods
-from .devices import DeviceMethods
-from .monitor import MonitorMethods
-from .objects import ObjectMethods
-from .subgroups import SubgroupMethods
-from ..engine.matching import PostedRecv
-from ..engine.progress import Message, Progress, timeout_message
-from ..wire.frames import Header, Kind
-from .work import Work, completed_future
+from .calls import CallReservation, Calls
+from .collectives import Collectives
+from .devices import Devices
+from .members import Members
+from .monitor import Monitor
+from .objects import ObjectCollectives
+from .p2p import PointToPoint
+from .subgroups import Subgroups
+from .work import Work
 
 __all__ = ["ProcessGroup"]
 
-_INT64 = 1 << 63
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class ProcessGroup(DeviceMethods, CollectiveMethods, ObjectMethods, MonitorMethods, SubgroupMethods):
+def _collective(
+    method: Callable[Concatenate[Collectives, P], Awaitable[R]],
+) -> Callable[Concatenate[ProcessGroup, P], Coroutine[Any, Any, R]]:
+    """ProcessGroup's form of a host collective: device operands go to :class:`Devices`."""
+
+    @functools.wraps(method)
+    async def call(self: ProcessGroup, *args: P.args, **kwargs: P.kwargs) -> R:
+        if not any_device(args) and not (kwargs and any_device(kwargs.values())):
+            return await method(self.collectives, *args, **kwargs)
+        result: R = await self.devices.collective(self, method, args, kwargs)
+        return result
+
+    return call
+
+
+def _objects(
+    method: Callable[Concatenate[ObjectCollectives, P], Awaitable[R]],
+) -> Callable[Concatenate[ProcessGroup, P], Coroutine[Any, Any, R]]:
+    """ProcessGroup's form of an object collective."""
+
+    @functools.wraps(method)
+    async def call(self: ProcessGroup, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await method(self.objects, *args, **kwargs)
+
+    return call
+
+
+class ProcessGroup:
     """A set of ranks that communicate; the world or a subgroup.
 
     Args:
@@ -45,41 +82,66 @@ class ProcessGroup(DeviceMethods, CollectiveMethods, ObjectMethods, MonitorMetho
         ranks: the global ranks of the members, in group-rank order.
         name: the group's name, for error messages.
         timeout: seconds every operation of this group may take.
+        first_call: the number of its first collective call (the world's
+            startup barrier is call #0, so that the user's first is #1).
 
     Attributes:
         rank: this process's rank in the group, -1 if it is not a member.
         size: the number of members.
         ranks: the members' global ranks.
+        name: as given.
+        engine: this rank's engine (shared by every group of the job).
+        members, calls: the group's membership and its calls' bookkeeping.
+        store: the store the members share (where NCCL unique ids travel), or None.
     """
 
-    def __init__(self, engine: Engine, ranks: Sequence[int], *, name: str, timeout: float) -> None:
-        self._engine = engine
-        self.ranks = tuple(ranks)
-        self._group_rank_of = {g: i for i, g in enumerate(self.ranks)}
-        if len(self._group_rank_of) != len(self.ranks):
-            raise InvalidArgumentError(f"group {name!r}: ranks {list(ranks)} contain duplicates")
-        self.rank = self._group_rank_of.get(engine.rank, -1)
-        self.size = len(self.ranks)
+    def __init__(
+        self, engine: Engine, ranks: Sequence[int], *, name: str, timeout: float, first_call: int = 1
+    ) -> None:
+        self.engine = engine
+        self.members = Members(ranks, engine.rank, name)
+        self.ranks, self.rank, self.size = self.members.ranks, self.members.rank, self.members.size
         self.name = name
-        self.timeout = timeout
-        # Every rank creates groups in the same order (as torch requires), so
-        # the contexts agree across ranks without any communication.
-        self._p2p_ctx = engine.new_context()
-        self._coll_ctx = engine.new_context()
-        self._seq = 0
-        self._open_calls: set[int] = set()  # collective calls numbered and not yet finished here
-        self._others = frozenset(self.ranks) - {engine.rank}
+        self.calls = Calls(engine, self.members, timeout, first_call)
+        self.p2p = PointToPoint(self.calls)
+        self.collectives = Collectives(self.calls)
+        self.devices = Devices(self.calls, self.p2p)
+        self.objects = ObjectCollectives(self)
+        self.monitor = Monitor(self.calls)
+        self.subgroups = Subgroups(self.calls, self._child)
+        self.store: Any = None
         self._closers: list[Callable[[], Any]] = []
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.name!r} rank {self.rank}/{self.size}>"
 
-    # -- rank mapping --------------------------------------------------------
+    @property
+    def timeout(self) -> float:
+        """Seconds every operation of this group may take (settable; later operations use the new value)."""
+        return self.calls.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self.calls.timeout = seconds
+
+    @property
+    def nccl(self) -> Any:
+        """The group's :class:`~asyncdist.gpu.nccl.NcclBackend`, or None (device operands are staged)."""
+        return self.devices.nccl
+
+    @nccl.setter
+    def nccl(self, backend: Any) -> None:
+        self.devices.nccl = backend
+
+    # -- ranks -------------------------------------------------------------------------
 
     def global_rank(self, group_rank: int) -> int:
-        """The global rank of member ``group_rank``."""
-        self._check_rank(group_rank, "group_rank")
-        return self.ranks[group_rank]
+        """The global rank of member ``group_rank``.
+
+        Raises:
+            InvalidRankError: not a rank of this group.
+        """
+        return self.members.global_rank(group_rank)
 
     def group_rank(self, global_rank: int) -> int:
         """The group rank of global rank ``global_rank``.
@@ -87,50 +149,16 @@ class ProcessGroup(DeviceMethods, CollectiveMethods, ObjectMethods, MonitorMetho
         Raises:
             InvalidRankError: that rank is not a member.
         """
-        try:
-            return self._group_rank_of[global_rank]
-        except KeyError:
-            raise InvalidRankError(f"global rank {global_rank} is not in group {self.name!r} (ranks {list(self.ranks)})") from None
+        return self.members.group_rank(global_rank)
 
-    def _check_rank(self, rank: object, what: str) -> int:
-        if type(rank) is not int or not 0 <= rank < self.size:
-            raise InvalidRankError(f"invalid {what} {rank!r} for group {self.name!r} of size {self.size}")
-        return rank
-
-    def _peer(self, rank: object, what: str) -> int:
-        self._check_member()
-        self._check_rank(rank, what)
-        if rank == self.rank:
-            kind = "destination" if what == "dst" else "source"
-            raise InvalidRankError(
-                f"Invalid {kind} rank: {kind} rank should not be the same as the rank of the current process "
-                f"(rank {rank} in group {self.name!r})"
-            )
-        return self.ranks[rank]
-
-    def _check_member(self) -> None:
-        if self.rank < 0:
-            raise InvalidRankError(f"rank {self._engine.rank} is not a member of group {self.name!r} (ranks {list(self.ranks)})")
-
-    @staticmethod
-    def _check_tag(tag: object) -> int:
-        if type(tag) is not int or not -_INT64 <= tag < _INT64:
-            raise InvalidArgumentError(f"tag must be an int64, got {tag!r}")
-        return tag
-
-    # -- point to point --------------------------------------------------------
+    # -- point to point --------------------------------------------------------------
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to group rank ``dst``; the Work completes when
         the buffer may be reused."""
         if any_device((tensor,)):
-            return self._device_isend(tensor, dst, tag)
-        future, what = self._start_send(tensor, dst, tag)
-        if future is None:
-            future = completed_future(asyncio.get_running_loop())
-        message = self._message(what, future, (dst,), sending=True)
-        self._arm_timeout(future, message)
-        return self._work(future, message, [tensor])
+            return self.devices.isend(tensor, dst, tag)
+        return self.p2p.isend(tensor, dst, tag)
 
     async def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to group rank ``dst``; returns when the buffer may be reused.
@@ -142,28 +170,14 @@ class ProcessGroup(DeviceMethods, CollectiveMethods, ObjectMethods, MonitorMetho
             OperationTimeoutError: not sent within the group's timeout.
         """
         if any_device((tensor,)):
-            return await self._device_isend(tensor, dst, tag)
-        future, what = self._start_send(tensor, dst, tag)
-        if future is not None:
-            await self._wait(future, self._message(what, future, (dst,), sending=True))
-
-    def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[asyncio.Future | None, str]:
-        peer = self._peer(dst, "dst")
-        self._check_tag(tag)
-        buf = as_host_buffer(tensor)
-        header = Header(Kind.DATA, self._p2p_ctx, self._engine.rank, tag, 0, buf.dtype, buf.shape, buf.nbytes)
-        future = self._send_in_order(dst, lambda: self._engine.send(peer, header, buf.view))
-        return future, f"send to rank {dst} (tag {tag}, group {self.name!r})"
+            return await self.devices.isend(tensor, dst, tag)
+        await self.p2p.send(tensor, dst, tag)
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; the Work's value is the sender's group rank."""
         if any_device((tensor,)):
-            return self._device_irecv(tensor, src, tag)
-        recv, what = self._start_recv(tensor, src, tag)
-        future = self._chain(recv.future, lambda header: self._group_rank_of[header.src])
-        message = self._message(what, future, self._sources(src), sending=False)
-        self._arm_timeout(future, message, lambda: self._engine.cancel_recv(recv))
-        return self._work(future, message, [tensor])
+            return self.devices.irecv(tensor, src, tag)
+        return self.p2p.irecv(tensor, src, tag)
 
     async def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor`` from group rank ``src`` (any rank if None).
@@ -177,110 +191,151 @@ class ProcessGroup(DeviceMethods, CollectiveMethods, ObjectMethods, MonitorMetho
             PeerLostError, OperationTimeoutError: as for :meth:`send`.
         """
         if any_device((tensor,)):
-            return await self._device_irecv(tensor, src, tag)
-        recv, what = self._start_recv(tensor, src, tag)
-        message = self._message(what, recv.future, self._sources(src), sending=False)
-        header = await self._wait(recv.future, message, lambda: self._engine.cancel_recv(recv))
-        return self._group_rank_of[header.src]
+            sender: int = await self.devices.irecv(tensor, src, tag)
+            return sender
+        return await self.p2p.recv(tensor, src, tag)
 
-    def _start_recv(self, tensor: Any, src: int | None, tag: int) -> tuple[PostedRecv, str]:
-        peer = None if src is None else self._peer(src, "src")
-        if src is None:
-            self._check_member()
-        self._check_tag(tag)
-        buf = as_host_buffer(tensor, writable=True)
-        recv = self._engine.post_recv(self._p2p_ctx, peer, tag, buf, self._others)
-        who = "any rank" if src is None else f"rank {src}"
-        return recv, f"recv from {who} (tag {tag}, group {self.name!r})"
+    # -- collectives -------------------------------------------------------------------
 
-    def _sources(self, src: int | None) -> tuple[int, ...]:
-        """The group ranks a receive from ``src`` waits on (every other member for any rank)."""
-        return (src,) if src is not None else tuple(r for r in range(self.size) if r != self.rank)
+    barrier = _collective(Collectives.barrier)
+    broadcast = _collective(Collectives.broadcast)
+    all_reduce = _collective(Collectives.all_reduce)
+    all_reduce_coalesced = _collective(Collectives.all_reduce_coalesced)
+    reduce = _collective(Collectives.reduce)
+    all_gather = _collective(Collectives.all_gather)
+    all_gather_into_tensor = _collective(Collectives.all_gather_into_tensor)
+    gather = _collective(Collectives.gather)
+    scatter = _collective(Collectives.scatter)
+    reduce_scatter = _collective(Collectives.reduce_scatter)
+    reduce_scatter_tensor = _collective(Collectives.reduce_scatter_tensor)
+    all_to_all = _collective(Collectives.all_to_all)
+    all_to_all_single = _collective(Collectives.all_to_all_single)
 
-    def _message(self, what: str, future: asyncio.Future, peers: Sequence[int], *, sending: bool) -> Message:
-        return Message(what, future, peers, sending=sending, members=self.ranks)
+    broadcast_object_list = _objects(ObjectCollectives.broadcast_object_list)
+    all_gather_object = _objects(ObjectCollectives.all_gather_object)
+    gather_object = _objects(ObjectCollectives.gather_object)
+    scatter_object_list = _objects(ObjectCollectives.scatter_object_list)
+    send_object_list = _objects(ObjectCollectives.send_object_list)
+    recv_object_list = _objects(ObjectCollectives.recv_object_list)
 
-    def _work(self, future: asyncio.Future, message: Message, outputs: list) -> Work:
-        """A point-to-point Work, whose timed-out wait names its peer as a collective's does."""
-        return Work(future, message.where, outputs, Progress(self._engine.rank, message.where, [message]))
+    async def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
+        """Return once every member has entered; otherwise fail, naming who did not.
 
-    # -- collectives (the methods are in group_collectives) ------------------------
+        See :meth:`asyncdist.group.monitor.Monitor.monitored_barrier`.
+        """
+        await self.monitor.monitored_barrier(timeout, wait_all_ranks)
 
     def channel(self, op: str) -> Channel:
         """Open the channel of the next collective call; ``op`` describes the call.
 
-        Every member must make its collective calls in the same order: the
-        n-th call of each rank is matched with the n-th of the others.
+        For algorithms of your own: every member must make its collective
+        calls in the same order, the n-th call of each rank matched with
+        the n-th of the others.
         """
-        self._check_member()
-        # A message of a call that this rank has closed, and that no receive
-        # took, means the ranks disagreed about that call. Calls still open
-        # here (numbered, not finished) may legitimately have early messages.
-        stale = self._engine.take_stale(self._coll_ctx, min(self._open_calls, default=self._seq + 1))
-        seq = self._next_call()  # the next number, or one reserved for a staged device call
-        channel = Channel(
-            self._engine, self.ranks, self.rank, ctx=self._coll_ctx, seq=seq, op=op,
-            timeout=self.timeout, group_name=self.name, on_close=self._open_calls.discard,
-        )
-        if stale is not None:
-            error = CollectiveMismatchError(
-                f"rank {self._engine.rank}: rank {stale.src} sent a message for {stale.op} (call #{stale.seq} in "
-                f"group {self.name!r}) that no call of this rank expected; the ranks disagreed about that call"
+        return self.calls.channel(op)
+
+    def reserve_calls(self, count: int) -> CallReservation:
+        """Number this rank's next ``count`` collective calls of the group now
+        (for device staging; see :meth:`asyncdist.group.calls.Calls.reserve`)."""
+        return self.calls.reserve(count)
+
+    # -- subgroups ----------------------------------------------------------------------
+
+    def new_group(
+        self, ranks: Sequence[int] | None = None, *, timeout: timedelta | float | None = None, name: str | None = None
+    ) -> ProcessGroup:
+        """Create a group of some of this group's ranks (a plain call: nothing is sent).
+
+        Loop thread only. Every rank of the job, member or not, must create
+        the same groups in the same order.
+
+        Args:
+            ranks: the members, as ranks of *this* group, in the new group's
+                rank order (None: all of this group's ranks).
+            timeout: seconds (or a ``timedelta``) every operation of the new
+                group may take; None: this group's timeout.
+            name: the new group's name in error messages.
+
+        Returns:
+            The new group; its ``rank`` is -1 on ranks that are not members.
+
+        Raises:
+            InvalidRankError: a rank is not an int in ``[0, size)``.
+            InvalidArgumentError: ``ranks`` repeats a rank, or ``timeout`` is not positive.
+
+        Example::
+
+            pair = world.new_group([0, 1])
+            if pair.rank >= 0:
+                await pair.all_reduce(x)
+        """
+        return self.subgroups.new_group(ranks, timeout=timeout, name=name)
+
+    def partition(
+        self, parts: Sequence[Sequence[int]], *, timeout: timedelta | float | None = None, name: str | None = None
+    ) -> tuple[ProcessGroup | None, list[ProcessGroup]]:
+        """One group per list of this group's ranks (a plain call: nothing is sent).
+
+        Every rank calls it with the same lists. Ranks in no list are in no group.
+
+        Returns:
+            ``(mine, groups)``: the group this rank is in (None if none) and every group.
+
+        Raises:
+            InvalidArgumentError: ``parts`` is empty, or two lists share a rank.
+            InvalidRankError: as for :meth:`new_group`.
+        """
+        return self.subgroups.partition(parts, timeout=timeout, name=name)
+
+    async def split(
+        self, color: int | None, key: int = 0, *, timeout: timedelta | float | None = None, name: str | None = None
+    ) -> ProcessGroup | None:
+        """MPI's ``MPI_Comm_split``: the ranks that pass one ``color`` form a group.
+
+        A collective call of this group: every member calls it. Within a
+        new group, ranks are ordered by ``key``, then by their rank here.
+        Groups agree on their message contexts by the order in which every
+        rank of the job creates them, so ``split`` is offered on groups of
+        every rank of the job; split a smaller group with :meth:`partition`,
+        which every rank can call.
+
+        Args:
+            color: a non-negative int; None (MPI's ``MPI_UNDEFINED``) joins no group.
+            key: the rank order within the new group.
+            timeout, name: as for :meth:`new_group`.
+
+        Returns:
+            This rank's new group, or None for ``color=None``.
+
+        Raises:
+            InvalidArgumentError: ``color`` is negative or not an int, or this
+                group does not hold every rank of the job.
+        """
+        if self.size != self.engine.world_size:
+            raise InvalidArgumentError(
+                f"split: group {self.name!r} has {self.size} of the job's {self.engine.world_size} ranks; "
+                "split the world, or use partition(), which every rank calls"
             )
-            channel.fail(error)  # the other members of this call learn of it now
-            self._open_calls.discard(seq)
-            raise error
-        return channel
+        if color is not None and (type(color) is not int or color < 0):
+            raise InvalidArgumentError(f"split: color must be a non-negative int or None, got {color!r}")
+        if type(key) is not int:
+            raise InvalidArgumentError(f"split: key must be an int, got {key!r}")
+        mine = np.array([-1 if color is None else color, key], np.int64)
+        everyone = np.empty(2 * self.size, np.int64)
+        await self.all_gather_into_tensor(everyone, mine)
+        pairs = everyone.reshape(self.size, 2)
+        parts = self.subgroups.split_plan(pairs[:, 0], pairs[:, 1])
+        if not parts:
+            return None
+        group, _ = self.partition(parts, timeout=timeout, name=name)
+        return group
 
-    # -- timeouts ------------------------------------------------------------------
+    def _child(self, ranks: list[int], name: str, timeout: float) -> ProcessGroup:
+        child = ProcessGroup(self.engine, ranks, name=name, timeout=timeout)
+        child.store = self.store
+        return child
 
-    def _timeout_error(self, message: Message) -> Callable[[], Exception]:
-        """The group's deadline passed for ``message``: name it and its peer(s)."""
-        timeout = self.timeout  # as when the operation started
-
-        def make() -> Exception:
-            return OperationTimeoutError(timeout_message(self._engine.rank, message.where, timeout, message.awaited()))
-
-        return make
-
-    async def _wait(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> Any:
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        return await wait_until(future, deadline, self._timeout_error(message), withdraw)
-
-    def _arm_timeout(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> None:
-        """Fail ``future`` (a Work's) if it is not done within the group's timeout."""
-        if future.done():
-            return
-        make_error = self._timeout_error(message)
-
-        def expire() -> None:
-            if not future.done():
-                error = make_error()  # before withdrawing: it reports what was pending
-                if withdraw is not None:
-                    withdraw()
-                future.set_exception(error)
-
-        handle = asyncio.get_running_loop().call_later(self.timeout, expire)
-        future.add_done_callback(lambda _: handle.cancel())
-
-    @staticmethod
-    def _chain(source: asyncio.Future, convert: Callable[[Any], Any]) -> asyncio.Future:
-        """A future that completes with ``convert(source.result())`` or source's error."""
-        target = source.get_loop().create_future()
-
-        def transfer(done: asyncio.Future) -> None:
-            if target.done():
-                return
-            error = done.exception()
-            if error is not None:
-                target.set_exception(error)
-            else:
-                target.set_result(convert(done.result()))
-
-        source.add_done_callback(transfer)
-        return target
-
-    # -- lifetime --------------------------------------------------------------------
+    # -- lifetime -----------------------------------------------------------------------
 
     def on_close(self, closer: Callable[[], Any]) -> None:
         """Run ``closer`` (a function or coroutine function) when the group closes."""

@@ -1,4 +1,4 @@
-"""Subgroups of a :class:`~asyncdist.group.process_group.ProcessGroup` (await API).
+"""Subgroups of a group (await API): ``new_group``, ``split`` and partitions.
 
 A subgroup is a new ProcessGroup over some of the parent's ranks, on the
 same engine and sockets: creating one sends nothing. Its message contexts
@@ -8,80 +8,92 @@ member or not, creates the same groups in the same order (torch.distributed
 asks the same of ``new_group``). A rank outside the new group still gets a
 group object, with ``rank == -1``: keeping it is how the contexts stay in step.
 
-The parent keeps the subgroups made from it in :attr:`SubgroupMethods.subgroups`
+The parent keeps the subgroups made from it in :attr:`Subgroups.groups`
 until they are closed, so whoever holds the world holds every group; closing
 a subgroup only forgets it (the sockets belong to the engine).
+
+:meth:`Subgroups.split` is MPI's ``MPI_Comm_split``: the one way to make
+groups that needs communication (every rank learns the others' colours), and
+so the one that non-members need not agree on in advance.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
-from ..errors import InvalidArgumentError, InvalidRankError
+import numpy as np
 
-__all__ = ["SubgroupMethods"]
+from ..errors import InvalidArgumentError
+from ..timeouts import seconds as as_seconds
+from .calls import Calls
+
+__all__ = ["Subgroups"]
 
 
-class SubgroupMethods:
-    """Mixin: creating subgroups. Needs ``ranks``, ``size``, ``name``, ``timeout``, ``on_close()``."""
-
+class _Group(Protocol):
+    rank: int
     ranks: tuple[int, ...]
-    size: int
-    name: str
-    timeout: float
 
-    @property
-    def subgroups(self) -> list[Any]:
-        """The open groups created from this one with :meth:`new_group`, oldest first."""
-        return self.__dict__.setdefault("_subgroups", [])
+    def on_close(self, closer: Callable[[], Any]) -> None: ...
+
+
+G = TypeVar("G", bound=_Group)
+
+
+class Subgroups:
+    """The subgroups made from one group.
+
+    Args:
+        calls: the parent's numbering and timeouts (for its members and timeout).
+        make: builds a group from global ranks, a name and a timeout (the
+            ProcessGroup constructor, on the parent's engine).
+    """
+
+    def __init__(self, calls: Calls, make: Callable[[list[int], str, float], G]) -> None:
+        self._calls = calls
+        self._members = calls.members
+        self._make = make
+        self._made = 0
+        #: The open groups made from this one, oldest first.
+        self.groups: list[G] = []
 
     def new_group(
         self, ranks: Sequence[int] | None = None, *, timeout: timedelta | float | None = None, name: str | None = None
-    ) -> Any:
-        """Create a group of some of this group's ranks (a plain call: nothing is sent).
-
-        Loop thread only. Every rank of the job, member or not, must create
-        the same groups in the same order.
-
-        Args:
-            ranks: the members, as ranks of *this* group, in the new group's
-                rank order (None: all of this group's ranks).
-            timeout: seconds (or a ``timedelta``) every operation of the new
-                group may take; None: this group's timeout.
-            name: the new group's name in error messages.
-
-        Returns:
-            The new :class:`~asyncdist.group.process_group.ProcessGroup`; its ``rank`` is -1
-            on ranks that are not members.
-
-        Raises:
-            InvalidRankError: a rank is not an int in ``[0, size)``.
-            InvalidArgumentError: ``ranks`` repeats a rank, or ``timeout`` is not positive.
-
-        Example::
-
-            pair = world.new_group([0, 1])
-            if pair.rank >= 0:
-                await pair.all_reduce(x)
-        """
-        members = list(range(self.size)) if ranks is None else list(ranks)
+    ) -> G:
+        """Create a group of some of this group's ranks; see ProcessGroup.new_group."""
+        m = self._members
+        members = list(range(m.size)) if ranks is None else list(ranks)
         for r in members:
-            if type(r) is not int or not 0 <= r < self.size:
-                raise InvalidRankError(f"new_group: rank {r!r} is not a rank of group {self.name!r} of size {self.size}")
-        seconds = self.timeout if timeout is None else _seconds(timeout)
-        if not seconds > 0:
-            raise InvalidArgumentError(f"new_group: timeout must be positive, got {timeout!r}")
-        global_ranks = [self.ranks[r] for r in members]
-        count = self.__dict__.get("_subgroups_made", 0) + 1
-        self.__dict__["_subgroups_made"] = count
-        # type(self): the ProcessGroup class, which imports this module (no cycle).
-        child = type(self)(self._engine, global_ranks, name=name or f"{self.name}/{count}", timeout=seconds)  # type: ignore[call-arg, attr-defined]
-        children = self.subgroups
+            m.check(r, "new_group: rank")
+        seconds = as_seconds(timeout, default=self._calls.timeout, what="new_group: timeout")
+        self._made += 1
+        child = self._make([m.ranks[r] for r in members], name or f"{m.name}/{self._made}", seconds)
+        children = self.groups
         children.append(child)
         child.on_close(lambda: children.remove(child) if child in children else None)
         return child
 
+    def partition(
+        self, parts: Sequence[Sequence[int]], *, timeout: timedelta | float | None = None, name: str | None = None
+    ) -> tuple[G | None, list[G]]:
+        """One group per list of this group's ranks; see ProcessGroup.partition."""
+        if not parts:
+            raise InvalidArgumentError("partition: the list of parts cannot be empty")
+        owner: dict[int, list[int]] = {}
+        for part in parts:
+            for r in part:
+                if r in owner:
+                    raise InvalidArgumentError(f"rank {r} appears in both subgroup {owner[r]} and {list(part)}")
+                owner[r] = list(part)
+        made = [self.new_group(part, timeout=timeout, name=name) for part in parts]
+        mine = next((g for g in made if g.rank >= 0), None)
+        return mine, made
 
-def _seconds(timeout: timedelta | float) -> float:
-    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    def split_plan(self, colors: np.ndarray, keys: np.ndarray) -> list[list[int]]:
+        """The parts of ``split``: for each colour >= 0, ascending, its ranks by (key, rank)."""
+        parts = []
+        for color in sorted({int(c) for c in colors.tolist() if c >= 0}):
+            ranks = [r for r in range(self._members.size) if colors[r] == color]
+            parts.append(sorted(ranks, key=lambda r: (int(keys[r]), r)))
+        return parts

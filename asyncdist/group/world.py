@@ -16,23 +16,15 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+from ..timeouts import DEFAULT_TIMEOUT
+from ..timeouts import seconds as as_seconds
 from .process_group import ProcessGroup
 from .bootstrap import bootstrap
 from ..rendezvous.init_method import resolve
 from ..rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
 from ..transport.heartbeat import HeartbeatConfig
 
-__all__ = ["init_world", "DEFAULT_TIMEOUT"]
-
-#: torch.distributed's default timeout for process groups (30 minutes).
-DEFAULT_TIMEOUT = timedelta(minutes=30)
-
-
-def to_seconds(timeout: timedelta | float | None) -> float:
-    """A timeout as seconds; None means the default."""
-    if timeout is None:
-        return DEFAULT_TIMEOUT.total_seconds()
-    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+__all__ = ["init_world"]
 
 
 async def init_world(
@@ -68,7 +60,7 @@ async def init_world(
             and :func:`asyncdist.group.bootstrap.bootstrap`.
         InvalidArgumentError: a bad heartbeat setting.
     """
-    seconds = to_seconds(timeout)
+    seconds = as_seconds(timeout, default=DEFAULT_TIMEOUT.total_seconds(), what="init_world: timeout")
     if heartbeat is None:  # read now: a bad setting fails before the rendezvous, not in it
         heartbeat = HeartbeatConfig.from_env()
     loop = asyncio.get_running_loop()
@@ -85,7 +77,7 @@ async def init_world(
         if plan.owns_store:
             plan.store.close()
         raise
-    world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds)
+    world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds, first_call=0)
     world.store = PrefixStore(store_prefix, plan.store)  # where NCCL unique ids travel
     if plan.owns_store:
         world.on_close(lambda: loop.run_in_executor(STORE_EXECUTOR, plan.store.close))

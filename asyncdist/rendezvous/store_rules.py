@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import Any, Iterable
 
 from ..errors import InvalidArgumentError
+from ..timeouts import seconds
 
 __all__ = [
     "MAX_TIMEOUT_S",
@@ -69,19 +70,7 @@ def timeout_seconds(timeout: timedelta | float | None, default: float) -> float:
     Raises:
         InvalidArgumentError: ``timeout`` is negative or not a duration.
     """
-    if timeout is None:
-        return float(default)
-    if isinstance(timeout, timedelta):
-        seconds = timeout.total_seconds()
-    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        seconds = float(timeout)
-    else:
-        raise InvalidArgumentError(
-            f"store timeout must be a timedelta or seconds, not {type(timeout).__name__}"
-        )
-    if not seconds >= 0:  # also refuses NaN
-        raise InvalidArgumentError(f"store timeout must be >= 0 seconds, got {seconds}")
-    return min(seconds, MAX_TIMEOUT_S)
+    return min(seconds(timeout, default=default, what="store timeout", positive=False), MAX_TIMEOUT_S)
 
 
 def as_key(key: Any) -> str:

@@ -59,7 +59,7 @@ async def test_a_crashed_member_fails_a_collective_waiting_on_another_live_membe
         # Rank 2 enters an all_reduce and waits on rank 1, which has not entered yet.
         waiting = asyncio.ensure_future(c.all_reduce(np.ones(2)))
         await asyncio.sleep(0)
-        a._engine._connections[2].close()  # rank 0's stream to rank 2 breaks, as in a crash
+        a.engine._connections[2].close()  # rank 0's stream to rank 2 breaks, as in a crash
         with pytest.raises(PeerLostError, match="rank 0") as info:
             await asyncio.wait_for(waiting, 5)
         assert info.value.rank == 0

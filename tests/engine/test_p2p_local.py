@@ -242,7 +242,7 @@ async def test_losing_a_peer_fails_the_operations_that_wait_on_it() -> None:
         waiting = c.irecv(np.zeros(1), 0)
         waiting_any = c.irecv(np.zeros(1), None, tag=1)
         unrelated = c.irecv(np.zeros(1), 1, tag=2)
-        a._engine._connections[2].close()  # rank 0's stream to rank 2 breaks: as a crash, seen from rank 2
+        a.engine._connections[2].close()  # rank 0's stream to rank 2 breaks: as a crash, seen from rank 2
         for work in (waiting, waiting_any):  # any-source: the lost rank may have been the sender (ULFM)
             with pytest.raises(PeerLostError, match="rank 0") as info:
                 await work
@@ -288,7 +288,7 @@ async def test_a_stranger_on_the_port_is_refused_and_the_rank_carries_on() -> No
 
     async with local_world(2) as (a, b):
         for junk in (b"GET / HTTP/1.1\r\n\r\n", b"\x00\x00\x00\x10" + b"\xff" * 16, b""):
-            reply = await asyncio.to_thread(knock, a._engine.address, junk)
+            reply = await asyncio.to_thread(knock, a.engine.address, junk)
             assert b"REJECT" in reply or reply == b""
         got = np.zeros(2)
         await asyncio.gather(b.send(np.array([1.0, 2.0]), 0), a.recv(got, 1))

@@ -131,7 +131,7 @@ async def test_a_folding_receive_adds_the_message_into_its_buffer(
         if path == "arrived-first":  # read whole into a buffer of the engine's, folded when posted
             await ranks[0].send(data, 1, tag=9)
         receiver = ranks[1]
-        recv = receiver._engine.post_recv(receiver._p2p_ctx, 0, 9, buf, fold=fold)
+        recv = receiver.engine.post_recv(receiver.calls.p2p_context, 0, 9, buf, fold=fold)
         if path != "arrived-first":
             await ranks[0].send(data, 1, tag=9)
         header = await recv.future

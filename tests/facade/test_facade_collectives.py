@@ -159,9 +159,9 @@ def groups_and_objects() -> dict:
     cur2, _ = dist.new_subgroups_by_enumeration([[0, 2], [1, 3]])
     m = torch.tensor([rank])
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=cur2)
-    kept = len(dist.GroupMember.WORLD.subgroups)
+    kept = len(dist.GroupMember.WORLD.subgroups.groups)
     dist.destroy_process_group(cur2)
-    out["enumeration"] = (m.item(), kept - len(dist.GroupMember.WORLD.subgroups))
+    out["enumeration"] = (m.item(), kept - len(dist.GroupMember.WORLD.subgroups.groups))
 
     objs = [_obj(7), {"array": np.arange(4), "tensor": torch.tensor([1.5, 2.5])}, None] if rank == 2 else [0, 0, 0]
     dist.broadcast_object_list(objs, src=2)

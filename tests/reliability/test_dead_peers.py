@@ -117,12 +117,12 @@ async def test_a_stream_cut_mid_payload_fails_the_receive_reading_it(monkeypatch
     async with local_world(2) as (a, b):
         receiving = b.irecv(np.empty_like(data), 0)
         sending = a.isend(data, 1)
-        inbox = b._engine._inboxes[0]
+        inbox = b.engine._inboxes[0]
         deadline = asyncio.get_running_loop().time() + 10
         while inbox.current is None:  # until b reads the payload into the receive
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.001)
-        a._engine._connections[1]._lose("cut by the test", None)
+        a.engine._connections[1]._lose("cut by the test", None)
         with pytest.raises(PeerLostError, match="rank 0") as info:
             await receiving
         assert info.value.rank == 0

@@ -99,7 +99,7 @@ def fast_heartbeat(monkeypatch) -> HeartbeatConfig:
 
 async def test_idle_peers_are_kept_alive_by_pings(fast_heartbeat) -> None:
     async with local_world(3) as ranks:
-        connection = ranks[0]._engine._connections[1]
+        connection = ranks[0].engine._connections[1]
         before = connection.last_received
         await asyncio.sleep(2.5 * fast_heartbeat.timeout)  # nobody sends anything but pings
         assert connection.last_received > before
@@ -111,9 +111,9 @@ async def test_idle_peers_are_kept_alive_by_pings(fast_heartbeat) -> None:
 async def test_a_silent_peer_is_lost_and_the_others_carry_on(fast_heartbeat) -> None:
     async with local_world(3) as (a, b, c):
         # Rank 2 hangs: it sends nothing more (no pings) and reads nothing.
-        await c._engine._heartbeat.stop()
+        await c.engine._heartbeat.stop()
         loop = asyncio.get_running_loop()
-        loop.remove_reader(c._engine._connections[0]._fd)
+        loop.remove_reader(c.engine._connections[0]._fd)
         waiting = a.irecv(np.zeros(1), 2)
         stuck = a.isend(np.ones(4 << 20), 2)  # 32 MiB that nobody reads
         start = time.monotonic()
@@ -142,7 +142,7 @@ async def test_the_keyword_wins_and_zero_turns_it_off(monkeypatch) -> None:
                                     for r in range(2)))
     try:
         for world in worlds:
-            assert world._engine._heartbeat.config == off and world._engine._heartbeat._task is None
+            assert world.engine._heartbeat.config == off and world.engine._heartbeat._task is None
     finally:
         await asyncio.gather(*(w.close() for w in worlds))
         store.close()

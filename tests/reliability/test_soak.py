@@ -184,7 +184,7 @@ async def _soak(n_ops: int, seed: int) -> dict:
         figures["rss_end"], figures["fds_end"] = _rss_bytes(), _open_fds()
         figures["tasks_end"] = len(asyncio.all_tasks())
         for w in world:  # nothing left waiting or unclaimed in any rank's matching
-            matcher = w._engine._mailbox._matcher
+            matcher = w.engine._mailbox._matcher
             assert not (matcher._posted or matcher._posted_any or matcher._unexpected), w
     figures["tasks_after"], figures["fds_after"] = len(asyncio.all_tasks()), _open_fds()
     figures["tasks_before"], figures["fds_before"] = tasks_before, fds_before

@@ -119,7 +119,7 @@ def _logged(caplog, text: str) -> list[str]:
 async def test_a_stranger_is_refused_and_logged(name: str, caplog) -> None:
     make, reason = STRANGERS[name]
     async with _watched_world(caplog) as (a, _):
-        reply = await asyncio.to_thread(_talk, a._engine.address, make(a._engine.me.job_id))
+        reply = await asyncio.to_thread(_talk, a.engine.address, make(a.engine.me.job_id))
         assert reply == b"" or b"REJECT" in reply
         lines = _logged(caplog, reason)
         assert lines and "rank 0" in lines[0] and "127.0.0.1" in lines[0], [r.getMessage() for r in caplog.records]
@@ -128,16 +128,16 @@ async def test_a_stranger_is_refused_and_logged(name: str, caplog) -> None:
 @pytest.mark.parametrize("mac", [b"", b"\x00" * 32], ids=["no-secret", "wrong-secret"])
 async def test_a_stranger_without_the_secret_is_refused_and_logged(mac: bytes, caplog) -> None:
     async with _watched_world(caplog) as (a, _):
-        hello = _hello(a._engine.me.job_id)  # it knows the job id and claims rank 1
-        reply = await asyncio.to_thread(_talk, a._engine.address, hello, mac)
+        hello = _hello(a.engine.me.job_id)  # it knows the job id and claims rank 1
+        reply = await asyncio.to_thread(_talk, a.engine.address, hello, mac)
         assert b"REJECT" in reply and b"failed authentication" in reply
         assert _logged(caplog, "failed authentication (wrong job secret)")
 
 
 async def test_a_stranger_that_never_finishes_the_handshake_is_dropped(caplog) -> None:
     async with _watched_world(caplog) as (a, _):
-        a._engine._mesh.handshake_timeout = 0.3
-        reply = await asyncio.to_thread(_talk, a._engine.address, b"\x00\x00", None, False)  # then silence
+        a.engine._mesh.handshake_timeout = 0.3
+        reply = await asyncio.to_thread(_talk, a.engine.address, b"\x00\x00", None, False)  # then silence
         assert reply == b""
         assert _logged(caplog, "did not finish the handshake in time")
 
@@ -145,7 +145,7 @@ async def test_a_stranger_that_never_finishes_the_handshake_is_dropped(caplog) -
 async def test_a_second_connection_from_a_connected_rank_is_refused(caplog) -> None:
     async with _watched_world(caplog) as (a, b):
         loop = asyncio.get_running_loop()
-        sock, _ = await dial(loop, *a._engine.address, b._engine.me, 0)  # it has the secret
+        sock, _ = await dial(loop, *a.engine.address, b.engine.me, 0)  # it has the secret
         try:
             assert await loop.sock_recv(sock, 1) == b""  # accepted by the handshake, then closed
         finally:
@@ -162,11 +162,11 @@ async def test_objects_from_a_stranger_are_never_unpickled(tmp_path: Path, caplo
 
     bomb = pickle.dumps(Bomb())
     async with _watched_world(caplog) as (a, b):
-        job = a._engine.me.job_id
+        job = a.engine.me.job_id
         # As a frame, and as the payload of a would-be handshake.
         frame = encode_header(Header(Kind.DATA, 0, 1, 1, 1, "uint8", (len(bomb),), len(bomb), "x")) + bomb
         for junk in (frame, PREFIX.pack(len(bomb)) + bomb, _hello(job) + frame):
-            await asyncio.to_thread(_talk, a._engine.address, junk)
+            await asyncio.to_thread(_talk, a.engine.address, junk)
         objects = [None, None]
         await asyncio.gather(a.all_gather_object(objects, {"from": 0}), b.all_gather_object([None, None], {"from": 1}))
         assert objects == [{"from": 0}, {"from": 1}]

@@ -68,7 +68,7 @@ async def test_a_collective_that_a_rank_misses_times_out_naming_it(name: str) ->
         assert errors, f"{name}: nobody waited on the absent rank"
         assert took < TIMEOUT + 2, took
         for error in errors:
-            _check_message(error, name, 2, "local3")  # call #1 was init_world's barrier
+            _check_message(error, name, 1, "local3")  # the user's first call is #1 (init_world's barrier is #0)
         # Each names the peer it waited for itself: the absent rank, or a rank
         # that waits on it (whichever deadline fires first, the others hear
         # of it in its ABORT).
@@ -110,7 +110,7 @@ async def test_point_to_point_operations_time_out_naming_peer_tag_and_group() ->
             await b.irecv(np.zeros(1), None, tag=6)  # a Work: the group's timeout too
         # A send that the receiver does not read: the receiver's loop stops reading.
         loop = asyncio.get_running_loop()
-        receiver = b._engine._connections[0]
+        receiver = b.engine._connections[0]
         loop.remove_reader(receiver._fd)
         try:
             with pytest.raises(OperationTimeoutError, match=r"rank 0: send to rank 1 \(tag 7, group 'local2'\)"):
@@ -167,11 +167,11 @@ async def test_work_wait_names_the_call_the_group_and_exactly_the_ranks_still_aw
         errors = await asyncio.gather(*(asyncio.to_thread(work.wait, 0.3) for work in works), return_exceptions=True)
         assert all(isinstance(e, OperationTimeoutError) for e in errors), errors
         assert [str(e) for e in errors] == [
-            "rank 0: gather(dst=0, float64[2]) (call #2 in group 'local4') did not complete within 0.3 s "
+            "rank 0: gather(dst=0, float64[2]) (call #1 in group 'local4') did not complete within 0.3 s "
             "(Work.wait timeout); still waiting for rank 2",
-            "rank 0: all_reduce(sum, float64[4]) (call #3 in group 'local4') did not complete within 0.3 s "
+            "rank 0: all_reduce(sum, float64[4]) (call #2 in group 'local4') did not complete within 0.3 s "
             "(Work.wait timeout); still waiting for rank 2",
-            "rank 1: all_reduce(sum, float64[4]) (call #3 in group 'local4') did not complete within 0.3 s "
+            "rank 1: all_reduce(sum, float64[4]) (call #2 in group 'local4') did not complete within 0.3 s "
             "(Work.wait timeout); still waiting for rank 3",
             "rank 0: all_to_all_single(float64) (call #1 in group 'trio') did not complete within 0.3 s "
             "(Work.wait timeout); still waiting for ranks [1, 2] (global [2, 3])",
@@ -196,7 +196,7 @@ async def test_point_to_point_work_wait_names_the_peers() -> None:
                                    "0.2 s (Work.wait timeout); still waiting for ranks [0, 2]")
         # A send that the receiver does not read: the receiver's loop stops reading.
         loop = asyncio.get_running_loop()
-        receiver = b._engine._connections[0]
+        receiver = b.engine._connections[0]
         loop.remove_reader(receiver._fd)
         try:
             sending = a.isend(np.ones(4 << 20), 1, tag=8)
@@ -255,7 +255,7 @@ def test_facade_operations_honour_the_group_timeout_and_work_wait() -> None:
         assert message == (f"rank {rank}: recv from rank {1 - rank} (tag 9, group 'world') did not complete within 1 s; "
                            f"still waiting for rank {1 - rank}")
         assert 1.0 <= took < 3.0
-    assert zero["wait"] == ("rank 0: all_reduce(sum, float32[3]) (call #3 in group 'world') did not complete within "
+    assert zero["wait"] == ("rank 0: all_reduce(sum, float32[3]) (call #2 in group 'world') did not complete within "
                             "0.2 s (Work.wait timeout); still waiting for rank 1")
     assert zero["completed"] is True and zero["x"] == one["x"] == [2.0, 2.0, 2.0]
 
@@ -319,9 +319,9 @@ def test_facade_work_wait_names_the_call_the_group_and_exactly_the_ranks_still_a
     results = spawn(4, facade_work_waits, timeout=90)
     zero, one = results[0], results[1]
     expected = "did not complete within 0.3 s (Work.wait timeout); still waiting for"
-    assert zero["all_reduce"] == f"rank 0: all_reduce(sum, float32[3]) (call #2 in group 'world') {expected} rank 2"
-    assert one["all_reduce"] == f"rank 1: all_reduce(sum, float32[3]) (call #2 in group 'world') {expected} rank 3"
-    assert zero["gather"] == f"rank 0: gather(dst=0, float64[2]) (call #3 in group 'world') {expected} ranks [2, 3]"
+    assert zero["all_reduce"] == f"rank 0: all_reduce(sum, float32[3]) (call #1 in group 'world') {expected} rank 2"
+    assert one["all_reduce"] == f"rank 1: all_reduce(sum, float32[3]) (call #1 in group 'world') {expected} rank 3"
+    assert zero["gather"] == f"rank 0: gather(dst=0, float64[2]) (call #2 in group 'world') {expected} ranks [2, 3]"
     assert zero["batch"] == f"rank 0: recv from rank 2 (tag 5, group 'world') {expected} rank 2"
     assert zero["any"] == f"rank 0: recv from any rank (tag 6, group 'world') {expected} ranks [1, 2, 3]"
     # The waits aborted nothing: every operation completed once the late ranks came.

@@ -1,0 +1,213 @@
+"""A group's calls: their contexts, their numbers and their deadlines.
+
+Every group has two engine contexts, one for point-to-point messages (the
+user's tag is the tag) and one for collectives, where each call takes the
+group's next number as its tag, so calls never mix, even when several run
+at once on one loop. Every rank creates groups in the same order (as torch
+requires), so the contexts agree across ranks without any communication.
+
+:class:`Calls` is the one owner of that numbering, of the calls still open
+here (to tell an early message of an open call from a stale one of a
+closed call), of reservations (numbers taken now for calls whose channels
+open later, see :class:`CallReservation`) and of the group's timeout.
+Call numbers start at 1: the first collective a user makes is "call #1".
+The world group's startup barrier, which ``init_world`` runs before
+returning, is call #0 (``first_call=0``).
+
+Loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator, Sequence
+
+from ..engine.channel import Channel, wait_until
+from ..engine.engine import Engine
+from ..engine.progress import Message, Progress, timeout_message
+from ..errors import AsyncDistError, CollectiveMismatchError, OperationTimeoutError
+from .members import Members
+from .work import Work
+
+__all__ = ["Calls", "CallReservation"]
+
+# (Calls, call numbers) the running task's next channels take; see CallReservation.
+_RESERVED: contextvars.ContextVar[tuple[Calls, list[int]] | None] = contextvars.ContextVar(
+    "asyncdist_reserved_calls", default=None
+)
+
+
+class CallReservation:
+    """Collective call numbers taken now, for calls whose channels open later.
+
+    Inside :meth:`active`, the group's ``channel()`` hands out these numbers,
+    in order, instead of new ones. :meth:`abandon` fails the numbers never
+    used, so the other members' matching calls fail at once (they get an
+    ABORT) instead of waiting for their timeout.
+    """
+
+    __slots__ = ("_calls", "_seqs")
+
+    def __init__(self, calls: Calls, seqs: list[int]) -> None:
+        self._calls, self._seqs = calls, seqs
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Within this block, the running task's channels take the reserved numbers."""
+        token = _RESERVED.set((self._calls, self._seqs))
+        try:
+            yield
+        finally:
+            _RESERVED.reset(token)
+
+    def abandon(self, error: BaseException) -> None:
+        """Fail the numbers not used yet, on every member, with ``error``.
+
+        A cancellation is told to the others as an AsyncDistError (they were
+        not cancelled; their call cannot complete); the caller re-raises its
+        own CancelledError.
+        """
+        if not isinstance(error, AsyncDistError):
+            error = AsyncDistError(
+                f"rank {self._calls.members.me}: a device operation of group {self._calls.members.name!r} "
+                f"was abandoned ({type(error).__name__})"
+            )
+        seqs, self._seqs[:] = list(self._seqs), []
+        for seq in seqs:
+            self._calls.fail_call(seq, error)
+
+
+class Calls:
+    """The numbering, contexts and deadlines of one group's operations.
+
+    Args:
+        engine: this rank's engine.
+        members: the group's members.
+        timeout: seconds every operation of the group may take.
+        first_call: the number of the group's first call.
+
+    Attributes:
+        p2p_context: the engine context of the group's point-to-point messages.
+        collective_context: the engine context of its collective calls.
+        timeout: seconds every operation may take.
+    """
+
+    def __init__(self, engine: Engine, members: Members, timeout: float, first_call: int = 1) -> None:
+        self.engine = engine
+        self.members = members
+        self.timeout = timeout
+        self.p2p_context = engine.new_context()
+        self.collective_context = engine.new_context()
+        self._last = first_call - 1  # the number of the latest call taken
+        self._open: set[int] = set()  # numbered here and not yet finished
+
+    # -- numbering -----------------------------------------------------------------
+
+    def channel(self, op: str) -> Channel:
+        """Open the channel of the next collective call; ``op`` describes the call.
+
+        Every member must make its collective calls in the same order: the
+        n-th call of each rank is matched with the n-th of the others.
+
+        Raises:
+            InvalidRankError: this process is not a member.
+            CollectiveMismatchError: a message of a call this rank has
+                finished is still unclaimed: the ranks disagreed about it.
+        """
+        self.members.check_member()
+        # A message of a call that this rank has closed, and that no receive
+        # took, means the ranks disagreed about that call. Calls still open
+        # here (numbered, not finished) may legitimately have early messages.
+        stale = self.engine.take_stale(self.collective_context, min(self._open, default=self._last + 1))
+        seq = self._next()
+        channel = self._channel(seq, op, on_close=self._open.discard)
+        if stale is not None:
+            error = CollectiveMismatchError(
+                f"rank {self.members.me}: rank {stale.src} sent a message for {stale.op} (call #{stale.seq} in "
+                f"group {self.members.name!r}) that no call of this rank expected; the ranks disagreed about that call"
+            )
+            channel.fail(error)  # the other members of this call learn of it now
+            self._open.discard(seq)
+            raise error
+        return channel
+
+    def reserve(self, count: int) -> CallReservation:
+        """Number this rank's next ``count`` collective calls now.
+
+        Their channels open later, inside the reservation's ``active()``
+        block; calls made meanwhile get later numbers.
+
+        Raises:
+            InvalidRankError: this process is not a member.
+        """
+        self.members.check_member()
+        seqs = list(range(self._last + 1, self._last + 1 + count))
+        self._last += count
+        self._open.update(seqs)
+        return CallReservation(self, seqs)
+
+    def fail_call(self, seq: int, error: AsyncDistError) -> None:
+        """Fail call ``seq`` here and on every other member (an ABORT), without running it."""
+        self._channel(seq, "device operation").fail(error)
+        self._open.discard(seq)
+
+    def _next(self) -> int:
+        reserved = _RESERVED.get()
+        if reserved is not None and reserved[0] is self and reserved[1]:
+            return reserved[1].pop(0)
+        self._last += 1
+        self._open.add(self._last)
+        return self._last
+
+    def _channel(self, seq: int, op: str, on_close: Callable[[int], None] | None = None) -> Channel:
+        m = self.members
+        return Channel(
+            self.engine, m.ranks, m.rank, ctx=self.collective_context, seq=seq, op=op,
+            timeout=self.timeout, group_name=m.name, on_close=on_close,
+        )  # fmt: skip
+
+    # -- deadlines -------------------------------------------------------------------
+
+    def message(self, what: str, future: asyncio.Future, peers: Sequence[int], *, sending: bool) -> Message:
+        """One point-to-point message in flight, as progress reports and timeouts name it."""
+        return Message(what, future, peers, sending=sending, members=self.members.ranks)
+
+    def work(self, future: asyncio.Future, message: Message, outputs: list) -> Work:
+        """A point-to-point Work, whose timed-out wait names its peer as a collective's does."""
+        return Work(future, message.where, outputs, Progress(self.members.me, message.where, [message]))
+
+    async def wait(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> Any:
+        """``await future`` within the group's timeout.
+
+        Raises:
+            OperationTimeoutError: the timeout passed (``withdraw`` ran first).
+        """
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        return await wait_until(future, deadline, self._timeout_error(message), withdraw)
+
+    def arm_timeout(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> None:
+        """Fail ``future`` (a Work's) if it is not done within the group's timeout."""
+        if future.done():
+            return
+        make_error = self._timeout_error(message)
+
+        def expire() -> None:
+            if not future.done():
+                error = make_error()  # before withdrawing: it reports what was pending
+                if withdraw is not None:
+                    withdraw()
+                future.set_exception(error)
+
+        handle = asyncio.get_running_loop().call_later(self.timeout, expire)
+        future.add_done_callback(lambda _: handle.cancel())
+
+    def _timeout_error(self, message: Message) -> Callable[[], Exception]:
+        """The group's deadline passed for ``message``: name it and its peer(s)."""
+        timeout, me = self.timeout, self.members.me  # as when the operation started
+
+        def make() -> Exception:
+            return OperationTimeoutError(timeout_message(me, message.where, timeout, message.awaited()))
+
+        return make
