@@ -31,11 +31,13 @@ from asyncdist.errors import OperationTimeoutError
 from asyncdist.group.work import Work
 from asyncdist.testing import local_world
 
+NOTHING = Awaited()
+
 
 class FakeStep:
     """A Step whose answers the test sets."""
 
-    def __init__(self, where: str, awaited: Awaited = Awaited(), open_: bool = True) -> None:
+    def __init__(self, where: str, awaited: Awaited = NOTHING, open_: bool = True) -> None:
         self.where = where
         self._awaited = awaited
         self.open = open_
