@@ -111,7 +111,7 @@ def test_a_stopped_rank_is_found_by_the_heartbeat(rank_job) -> None:
 
 async def test_a_stream_cut_mid_payload_fails_the_receive_reading_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # The payload must travel on the stream (by memory it is read at once;
-    # tests/engine/test_same_host.py covers that path's failures).
+    # tests/transport/test_cma.py covers that path's failures).
     monkeypatch.setenv("ASYNCDIST_CMA", "0")
     data = np.ones(4 << 20)  # 32 MiB: more than the kernel buffers
     async with local_world(2) as (a, b):

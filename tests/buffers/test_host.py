@@ -41,7 +41,7 @@ NUMPY_DTYPES = [
     "float16", "float32", "float64", "complex64", "complex128",
 ]  # fmt: skip
 SHAPES = [(), (0,), (5,), (2, 3), (2, 0, 3)]
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _probe_torch_dtypes() -> list:
