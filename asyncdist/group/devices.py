@@ -34,7 +34,7 @@ import inspect
 from typing import Any, Callable, Iterator
 
 from ..engine.channel import Channel
-from ..errors import AsyncDistError, OperationTimeoutError
+from ..errors import AsyncDistError, OperationCancelledError
 from .collectives import CollectiveMethods
 from ..gpu.device import adapter_for, any_device
 from ..gpu.operands import SPECS
@@ -76,7 +76,7 @@ class CallReservation:
     def abandon(self, error: BaseException) -> None:
         g = self._group
         if not isinstance(error, AsyncDistError):
-            error = OperationTimeoutError(f"rank {g._engine.rank}: a device operation of group {g.name!r} was cancelled")
+            error = OperationCancelledError(f"rank {g._engine.rank}: a device operation of group {g.name!r} was cancelled")
         seqs, self._seqs[:] = list(self._seqs), []
         for seq in seqs:
             channel = Channel(

@@ -260,8 +260,13 @@ class ProcessGroup(DeviceMethods, CollectiveMethods, ObjectMethods, MonitorMetho
                     withdraw()
                 future.set_exception(error)
 
+        def settle(done: asyncio.Future) -> None:
+            handle.cancel()
+            if done.cancelled() and withdraw is not None:  # a cancelled irecv must not take a later message
+                withdraw()
+
         handle = asyncio.get_running_loop().call_later(self.timeout, expire)
-        future.add_done_callback(lambda _: handle.cancel())
+        future.add_done_callback(settle)
 
     @staticmethod
     def _chain(source: asyncio.Future, convert: Callable[[Any], Any]) -> asyncio.Future:
