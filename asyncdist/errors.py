@@ -29,6 +29,7 @@ __all__ = [
     "DistTimeoutError",
     "StoreTimeoutError",
     "OperationTimeoutError",
+    "OperationCancelledError",
     "PeerLostError",
     "ProtocolError",
     "FrameTooLargeError",
@@ -116,6 +117,16 @@ class StoreTimeoutError(DistTimeoutError, StoreError):
 
 class OperationTimeoutError(DistTimeoutError):
     """A send, receive or collective did not complete within its timeout."""
+
+
+class OperationCancelledError(AsyncDistError):
+    """Another rank cancelled its part of a collective call this rank is in.
+
+    The rank whose task was cancelled (``Task.cancel``, Ctrl-C) sees
+    ``asyncio.CancelledError`` itself; the other members of the call get
+    this error at once, instead of waiting for data that will not come.
+    Never a timeout: nothing ran out of time.
+    """
 
 
 # -- the other side --------------------------------------------------------

@@ -1,7 +1,7 @@
 """Telling the other ranks of a collective call that it failed here.
 
 When a rank's part of a collective fails (a mismatch it detected, a lost
-peer, a timeout), the ranks waiting on it would otherwise wait for data
+peer, a timeout, a cancellation), the ranks waiting on it would otherwise wait for data
 that never comes, until their own timeout. Instead the failing rank sends
 an ABORT frame for the call (its context and tag) to every other member,
 and each of them fails the call's receives with the same kind of error,
@@ -12,7 +12,9 @@ This module turns an error into an ABORT header and back (sans-I/O).
 
 from __future__ import annotations
 
-from ..errors import AsyncDistError, CollectiveMismatchError, OperationTimeoutError, PeerLostError
+from ..errors import (
+    AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError, PeerLostError,
+)
 from ..wire.frames import Header, Kind
 
 __all__ = ["abort_header", "error_from_abort", "is_relayed"]
@@ -22,6 +24,7 @@ _KINDS: dict[str, type[AsyncDistError]] = {
     "PeerLostError": PeerLostError,
     "CollectiveMismatchError": CollectiveMismatchError,
     "OperationTimeoutError": OperationTimeoutError,
+    "OperationCancelledError": OperationCancelledError,
 }
 _MAX_REASON_CHARS = 2000
 

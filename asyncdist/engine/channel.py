@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from .abort import is_relayed
 from ..buffers.host import HostBuffer
 from .engine import Engine
-from ..errors import AsyncDistError, OperationTimeoutError
+from ..errors import AsyncDistError, OperationCancelledError, OperationTimeoutError
 from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
 from ..wire.frames import Header, Kind
@@ -185,7 +185,13 @@ class Channel:
         """Run the call's algorithm; if it fails or is cancelled here, fail the
         call (see :meth:`fail`; ``relay=False`` for an algorithm that tells the
         other members itself). Either way the call is closed: its group no
-        longer waits for it."""
+        longer waits for it.
+
+        Raises:
+            asyncio.CancelledError: the call was cancelled here (the other
+                members get :class:`~asyncdist.errors.OperationCancelledError`).
+            AsyncDistError: the algorithm's error.
+        """
         try:
             return await algorithm
         except AsyncDistError as error:
@@ -193,7 +199,7 @@ class Channel:
             raise
         except asyncio.CancelledError:
             me = self._engine.rank
-            self.fail(OperationTimeoutError(f"rank {me}: {self.where} was cancelled on rank {me}"), relay=relay)
+            self.fail(OperationCancelledError(f"rank {me}: {self.where} was cancelled on rank {me}"), relay=relay)
             raise
         finally:
             self.closed = True

@@ -26,6 +26,7 @@ from ..group.process_group import ProcessGroup
 from ..loop.exits import call_at_exit
 from ..loop.thread import LoopThread
 from ..rendezvous.store import Store
+from ..rendezvous.store_threads import STORE_EXECUTOR
 from ..group.work import Work
 from ..group.world import init_world
 
@@ -134,7 +135,7 @@ def init_process_group(
         )
         portal.call(_use_backend, world, name, world.store, what="init_process_group()")
     except BaseException:
-        portal.stop()
+        _stop(portal)
         raise
     _runtime.portal, _runtime.world, _runtime.backend = portal, world, name
     if _runtime.exit_hook_pid != os.getpid():
@@ -144,7 +145,8 @@ def init_process_group(
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
-    """Close every connection of this process and stop its loop thread.
+    """Close every connection of this process and stop every thread
+    ``init_process_group`` started (the loop's, the store's).
 
     Frames already sent are flushed first; peers still waiting on this rank
     get :class:`~asyncdist.errors.PeerLostError`. ``init_process_group`` may
@@ -159,8 +161,16 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     try:
         portal.run(world.close(), what="destroy_process_group()")
     finally:
-        portal.stop()
+        _stop(portal)
         _runtime.portal = _runtime.world = _runtime.backend = None
+
+
+def _stop(portal: LoopThread) -> None:
+    """Stop every thread ``init_process_group`` started: the loop thread, and
+    the store calls' threads unless another user of them has a call running
+    (the TCP store's server thread stopped with the store, in ``world.close``)."""
+    portal.stop()
+    STORE_EXECUTOR.release_idle()
 
 
 def is_available() -> bool:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Hashable
 
-from ..errors import AsyncDistError, DeviceError, InvalidArgumentError, OperationTimeoutError
+from ..errors import AsyncDistError, DeviceError, InvalidArgumentError, OperationCancelledError
 from ..rendezvous.store import STORE_EXECUTOR
 from .callers import caller_stream, note_result
 from .device import DeviceAdapter, adapter_for
@@ -214,7 +214,7 @@ class NcclBackend:
 
     def _fail(self, error: BaseException) -> None:
         if self._failed is None:
-            self._failed = error if isinstance(error, AsyncDistError) else OperationTimeoutError(str(error) or "cancelled")
+            self._failed = error if isinstance(error, AsyncDistError) else OperationCancelledError(str(error) or "cancelled")
         comm = self._comm
         if comm is not None:
             self._comm = None

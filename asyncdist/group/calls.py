@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..engine.channel import Channel, wait_until
 from ..engine.engine import Engine
 from ..engine.progress import Message, Progress, timeout_message
-from ..errors import AsyncDistError, CollectiveMismatchError, OperationTimeoutError
+from ..errors import AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError
 from .members import Members
 from .work import Work
 
@@ -65,14 +65,13 @@ class CallReservation:
     def abandon(self, error: BaseException) -> None:
         """Fail the numbers not used yet, on every member, with ``error``.
 
-        A cancellation is told to the others as an AsyncDistError (they were
-        not cancelled; their call cannot complete); the caller re-raises its
-        own CancelledError.
+        A cancellation is told to the others as OperationCancelledError
+        (they were not cancelled; their call cannot complete); the caller
+        re-raises its own CancelledError.
         """
         if not isinstance(error, AsyncDistError):
-            error = AsyncDistError(
-                f"rank {self._calls.members.me}: a device operation of group {self._calls.members.name!r} "
-                f"was abandoned ({type(error).__name__})"
+            error = OperationCancelledError(
+                f"rank {self._calls.members.me}: a device operation of group {self._calls.members.name!r} was cancelled"
             )
         seqs, self._seqs[:] = list(self._seqs), []
         for seq in seqs:
@@ -200,8 +199,13 @@ class Calls:
                     withdraw()
                 future.set_exception(error)
 
+        def settle(done: asyncio.Future) -> None:
+            handle.cancel()
+            if done.cancelled() and withdraw is not None:  # a cancelled irecv must not take a later message
+                withdraw()
+
         handle = asyncio.get_running_loop().call_later(self.timeout, expire)
-        future.add_done_callback(lambda _: handle.cancel())
+        future.add_done_callback(settle)
 
     def _timeout_error(self, message: Message) -> Callable[[], Exception]:
         """The group's deadline passed for ``message``: name it and its peer(s)."""

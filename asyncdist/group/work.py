@@ -140,6 +140,8 @@ class Work:
                 the operation still waits on. The operation itself goes on
                 (as with torch) and ``wait`` may be called again.
             WrongThreadError: called on the event loop's thread.
+            asyncio.CancelledError: the operation was cancelled (its task,
+                or the loop thread stopped); as asyncio's ``Future.result()``.
             Exception: the operation's own error (PeerLostError, …).
         """
         future = self._future
@@ -160,7 +162,7 @@ class Work:
                 if not future.done():  # else it finished just now: report that instead
                     raise self._wait_timeout(progress, seconds)
         if future.cancelled():
-            raise OperationTimeoutError(f"{self._op} was cancelled")
+            raise self._cancelled()
         error = future.exception()
         if error is not None:
             raise error
@@ -172,6 +174,9 @@ class Work:
         if progress is not None:
             return progress.timeout_error(seconds)
         return OperationTimeoutError(f"{self._op} did not complete within {seconds:g} s{WAIT_TIMEOUT}")
+
+    def _cancelled(self) -> asyncio.CancelledError:
+        return asyncio.CancelledError(f"{self._op} was cancelled")
 
     def _waiter_event(self) -> threading.Event:
         """The one event every waiting thread shares (created on first use)."""
@@ -190,12 +195,13 @@ class Work:
         return future.done() and not future.cancelled() and future.exception() is None
 
     def exception(self) -> BaseException | None:
-        """The operation's error, or None (also while it is still running)."""
+        """The operation's error, or None (also while it is still running);
+        ``asyncio.CancelledError`` for a cancelled one."""
         future = self._future
         if not future.done():
             return None
         if future.cancelled():
-            return OperationTimeoutError(f"{self._op} was cancelled")
+            return self._cancelled()
         return future.exception()
 
     def value(self) -> Any:

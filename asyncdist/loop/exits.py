@@ -3,7 +3,8 @@
 Both are process-wide, while a :class:`~asyncdist.loop.thread.LoopThread`
 is one of possibly several (the facade's, the torch backend's): each
 registers here when made (:func:`register`) and leaves when stopped
-(:func:`unregister`).
+(:func:`unregister`). This module knows them only as :class:`Stoppable`
+(it must not import :mod:`asyncdist.loop.thread`, which imports it).
 
 * **Ctrl-C.** Python runs signal handlers in the main thread between any
   two bytecodes, so the default handler's ``KeyboardInterrupt`` could land
@@ -31,20 +32,29 @@ import os
 import signal
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-if TYPE_CHECKING:
-    from .thread import LoopThread
-
-__all__ = ["register", "unregister", "call_at_exit"]
+__all__ = ["Stoppable", "register", "unregister", "call_at_exit"]
 
 log = logging.getLogger("asyncdist")
 
-_running: weakref.WeakSet[LoopThread] = weakref.WeakSet()
+
+
+class Stoppable(Protocol):
+    """What Ctrl-C and exit need of a loop's owner (a LoopThread)."""
+
+    def stop(self) -> None:
+        """Cancel what runs on the loop, stop its thread and close it (idempotent)."""
+
+    def interrupt(self, thread: int) -> bool:
+        """Ctrl-C in ``thread``: cancel the call it runs on this loop; False if none."""
+
+
+_running: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _hooked_in: int | None = None  # the process whose SIGINT handler and exit hook are in place
 
 
-def register(portal: LoopThread) -> None:
+def register(portal: Stoppable) -> None:
     """Let Ctrl-C and process exit reach ``portal`` (called as it is made)."""
     global _hooked_in
     _running.add(portal)
@@ -55,7 +65,7 @@ def register(portal: LoopThread) -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
-def unregister(portal: LoopThread) -> None:
+def unregister(portal: Stoppable) -> None:
     """``portal`` has stopped."""
     _running.discard(portal)
 

@@ -34,7 +34,8 @@ The calling thread runs its call's coroutine with a
 :class:`~asyncdist.loop.turns.Driver`: stepped like a Task, without one,
 and spinning briefly before it sleeps (:func:`~asyncdist.loop.turns.spin_seconds`).
 The loop is asyncio's own unless ``ASYNCDIST_LOOP=uvloop``: only asyncio's
-loop can be turned one iteration at a time by the Driver, and uvloop
+loop can be turned one iteration at a time by the Driver
+(:mod:`~asyncdist.loop.asyncio_internals`), and uvloop
 re-arms its signal wake-up (a new socket pair) each time the main thread
 starts it, about 25 us per blocking call here, more than it saves.
 
@@ -65,6 +66,7 @@ from typing import Any, Callable, Coroutine
 from . import exits as loop_exits
 from ..errors import WrongThreadError
 from ..gpu.callers import caller_context
+from .asyncio_internals import running_loop_or_none
 from .turns import Driver, spin_seconds
 
 __all__ = ["LoopThread", "new_event_loop", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX"]
@@ -251,7 +253,7 @@ class LoopThread:
         Raises:
             WrongThreadError: called from a coroutine running on this loop.
         """
-        running = asyncio._get_running_loop()
+        running = running_loop_or_none()
         if running is None and self._caller_runs and self._running_here.acquire(False):
             # the loop is free: run it here (inline: a call costs on this path)
             self._owner = threading.get_ident()  # before the check: stop() waits for an owner it sees
@@ -304,13 +306,14 @@ class LoopThread:
         too), stop the daemon and close the loop."""
         if self.loop.is_closed():
             return
-        if asyncio._get_running_loop() is self.loop:
+        if running_loop_or_none() is self.loop:
             raise WrongThreadError("LoopThread.stop() was called on its own loop; call it from another thread")
 
         async def cancel_rest() -> None:
-            if asyncio.current_task() is not None:  # handed over: the driver runs another thread's call
+            me = asyncio.current_task()
+            if me is not None and not self._driver.runs(me):  # handed over: the driver runs another thread's call
                 self._driver.cancel()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

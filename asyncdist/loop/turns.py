@@ -36,10 +36,11 @@ libraries poll the same way, and like them a Driver does not spin when the
 ranks on this host outnumber its cores: there the spin would take the core
 that the peer it waits for needs.
 
-Turning the loop by hand uses ``BaseEventLoop._run_once``, asyncio's one
-iteration, private but unchanged since Python 3.4. Other loops (uvloop) and
-a loop in debug mode (whose iteration times callbacks) run the coroutine as
-a Task under ``run_forever`` instead.
+Turning the loop by hand needs a few private parts of asyncio (its one
+iteration, ``BaseEventLoop._run_once``, among them), all in
+:mod:`asyncdist.loop.asyncio_internals`. Loops without them (uvloop) and a
+loop in debug mode (whose iteration times callbacks) run the coroutine as a
+Task under ``run_forever`` instead.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import os
-import threading
 import time
-from asyncio import events
 from typing import Any, Coroutine, Mapping
+
+from .asyncio_internals import can_step, enter, leave, turn
 
 __all__ = ["Driver", "spin_seconds", "SPIN_ENV", "DEFAULT_SPIN_SECONDS"]
 
@@ -94,10 +95,15 @@ class Driver:
     def __init__(self, loop: asyncio.AbstractEventLoop, spin: float = 0.0) -> None:
         self._loop = loop
         self._spin = spin  # seconds to spin before sleeping, per future awaited
-        self._steps = isinstance(loop, asyncio.BaseEventLoop)  # else (uvloop): as a Task
+        self._steps = can_step(loop)  # else (uvloop): as a Task
         self.running = False  # True while run() runs a coroutine
         self._cancel_requested = False
         self._task: asyncio.Task | None = None
+
+    def runs(self, task: asyncio.Task | None) -> bool:
+        """Whether ``task`` is the Task this Driver runs its coroutine as (a
+        loop it cannot step, or debug mode); a stepped coroutine has none."""
+        return task is not None and task is self._task
 
     def cancel(self) -> None:
         """Raise CancelledError in the running coroutine at the await it is
@@ -116,12 +122,11 @@ class Driver:
         """Run ``coro`` to completion in ``context`` (a copy the caller made;
         default: a copy of the calling thread's) and return its result, or
         raise its exception."""
-        loop: Any = self._loop
-        if not self._steps or loop._debug:  # debug: the loop's iteration times callbacks
+        loop = self._loop
+        if not self._steps or loop.get_debug():  # debug: the loop's iteration times callbacks
             return self._run_as_task(coro, context)
         run = (context or contextvars.copy_context()).run
-        loop._thread_id = threading.get_ident()  # marked running in this thread, as run_forever does
-        events._set_running_loop(loop)
+        enter(loop)  # running in this thread, as run_forever marks it
         self.running = True
         error: BaseException | None = None
         try:
@@ -132,17 +137,13 @@ class Driver:
                     return done.value
                 error = None
                 if awaited is None:  # a bare yield (asyncio.sleep(0)): let the loop turn once
-                    loop.call_soon(_nothing)
-                    loop._run_once()
-                    loop._stopping = False  # stop() is for run_forever; this ends with the coroutine
-                elif getattr(awaited, "_asyncio_future_blocking", False) and awaited.get_loop() is loop:
-                    awaited._asyncio_future_blocking = False
+                    turn(loop, True)
+                elif isinstance(awaited, _Future) and awaited.get_loop() is loop:
+                    # (A Task would also reset the future's _asyncio_future_blocking
+                    # flag: only Task's own check of a bare ``yield future`` reads it.)
                     spin_until = time.monotonic() + self._spin if self._spin else 0.0
                     while not awaited.done():
-                        # While stopping is set, the turn polls without sleeping.
-                        loop._stopping = self._spin > 0.0 and time.monotonic() < spin_until
-                        loop._run_once()
-                        loop._stopping = False
+                        turn(loop, self._spin > 0.0 and time.monotonic() < spin_until)
                         if self._cancel_requested and awaited.cancel():  # the coroutine's await raises it
                             self._cancel_requested = False
                 else:
@@ -152,8 +153,7 @@ class Driver:
                     error = asyncio.CancelledError()
         finally:
             self.running = self._cancel_requested = False
-            events._set_running_loop(None)
-            loop._thread_id = None
+            leave(loop)
 
     def _run_as_task(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None) -> Any:
         loop = self._loop
@@ -169,6 +169,9 @@ class Driver:
         finally:
             self._task = None
             self.running = self._cancel_requested = False
+
+
+_Future = asyncio.Future  # every asyncio future and Task (bound once: checked per step)
 
 
 def _nothing() -> None:

@@ -15,7 +15,7 @@ This module owns:
   timeout, and provide ``async_*`` twins for callers on an event loop.
   Subclasses only implement the small ``_``-prefixed hooks.
 * :class:`PrefixStore`, which namespaces keys over another store.
-* :data:`DEFAULT_TIMEOUT` and :data:`STORE_EXECUTOR`.
+* :data:`DEFAULT_TIMEOUT`, and :data:`STORE_EXECUTOR` (from :mod:`.store_threads`).
 
 It must not know how any concrete store holds its data (dict, file, server), nor
 what ``add`` and ``compare_set`` compute: those rules are in :mod:`.store_rules`,
@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 from ..errors import ClosedError, InvalidArgumentError, StoreTimeoutError
 from .store_rules import as_amount, as_key, as_keys, as_value, timeout_seconds
+from .store_threads import STORE_EXECUTOR
 
 # timeout_seconds is re-exported: callers normalise timeouts as Store does.
 __all__ = [
@@ -51,12 +51,6 @@ __all__ = [
 
 #: torch's default store timeout (``kDefaultTimeout``, 300 s).
 DEFAULT_TIMEOUT = timedelta(seconds=300)
-
-#: Threads that run the ``async_*`` twins. 64, because every blocked ``async_get``
-#: or ``async_wait`` holds a thread until its keys appear: 8 ranks in one loop each
-#: waiting on a few keys must all fit, with room to spare for the calls that would
-#: wake them. Threads are started on demand, so an idle pool costs nothing.
-STORE_EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="asyncdist-store")
 
 
 class Store:
