@@ -222,7 +222,7 @@ class PeerInbox:
         if target.fold is None:
             return target.buf.view
         self._staged = pool.take_bytes(nbytes)  # folded in when complete
-        return memoryview(self._staged)
+        return self._staged.data
 
     def _read_remote(self, header: Header) -> None:
         """Copy a REMOTE payload out of the sender's memory, or fold it in
