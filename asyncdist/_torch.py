@@ -19,7 +19,10 @@ from __future__ import annotations
 import functools
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:  # for the checker only: importing this module never imports torch
+    import torch
 
 __all__ = ["torch_or_none", "is_torch_tensor"]
 
@@ -39,13 +42,13 @@ def torch_or_none() -> ModuleType | None:
     return torch
 
 
-def is_torch_tensor(obj: Any) -> bool:
+def is_torch_tensor(obj: Any) -> TypeGuard[torch.Tensor]:
     """Whether ``obj`` is a ``torch.Tensor`` (any device, layout or subclass).
 
     Never imports torch: if torch is not in ``sys.modules`` no tensor can exist.
     Any thread.
     """
-    torch = sys.modules.get("torch")
+    module = sys.modules.get("torch")
     # getattr: torch may be half-imported (an import in progress on another thread).
-    tensor_type = getattr(torch, "Tensor", None)
+    tensor_type = getattr(module, "Tensor", None)
     return tensor_type is not None and isinstance(obj, tensor_type)

@@ -41,7 +41,14 @@ __all__ = [
 
 
 class AsyncDistError(RuntimeError):
-    """Base class of every error raised by asyncdist."""
+    """Base class of every error raised by asyncdist.
+
+    Attributes:
+        relayed_from: the rank whose ABORT frame carried this error to this
+            rank; None for an error raised here.
+    """
+
+    relayed_from: int | None = None
 
 
 # -- the caller's mistakes -------------------------------------------------

@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..testing.spawn import spawn
 
@@ -45,16 +45,31 @@ def _size(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
 
 
+class _Distributed(Protocol):
+    """What a rank uses of torch.distributed, and of asyncdist alike (the modules)."""
+
+    def init_process_group(self, backend: str, *, init_method: str, rank: int, world_size: int) -> Any: ...
+    def all_reduce(self, tensor: Any) -> Any: ...
+    def barrier(self) -> Any: ...
+    def destroy_process_group(self) -> Any: ...
+
+
 def _rank(path: str, store_file: str, device_kind: str, nbytes: int, warmup: int, iters: int) -> dict[str, Any]:
     """One rank of one path (runs in a spawned process)."""
     import torch
 
     library, backend = PATHS[path]
+    d: _Distributed
     if library == "torch":
-        import torch.distributed as d
+        import torch.distributed as torch_distributed
+
+        d = torch_distributed
     else:
-        import asyncdist as d  # type: ignore[no-redef]
+        import asyncdist
+
+        d = asyncdist
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    sync: Callable[[], None]
     if device_kind == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)

@@ -102,18 +102,26 @@ def _columns(series: list[Series]) -> list[_Column]:
         _Column("", "type", "", 8, lambda c: _any(c).dtype if _any(c).count else "-"),
     ]
     for s in series:
-        columns += [
-            _Column(s.label, "time", "(us)", 10, lambda c, s=s: _num(_time(c, s))),
-            _Column(s.label, "algbw", "(GB/s)", 7, lambda c, s=s: _num(c[s].algbw if s in c else None)),
-            _Column(s.label, "busbw", "(GB/s)", 7, lambda c, s=s: _num(c[s].busbw if s in c else None)),
-        ]
+        columns += _series_columns(s)
     mine = [s for s in series if s.library == "asyncdist"]
     if _AWAIT in series and _FACADE in series:
         columns.append(_Column("facade", "overhead", "(us)", 8, lambda c: _num(_overhead(c), "+.1f")))
     for s in mine if _GLOO in series else ():
         unit = f"(gloo/{s.api})" if len(mine) > 1 else "(gloo/asyncdist)"
-        columns.append(_Column("", "ratio", unit, 8, lambda c, s=s: _num(_ratio(c, s))))
+        columns.append(_ratio_column(s, unit))
     return columns
+
+
+def _series_columns(s: Series) -> list[_Column]:
+    return [
+        _Column(s.label, "time", "(us)", 10, lambda c: _num(_time(c, s))),
+        _Column(s.label, "algbw", "(GB/s)", 7, lambda c: _num(c[s].algbw if s in c else None)),
+        _Column(s.label, "busbw", "(GB/s)", 7, lambda c: _num(c[s].busbw if s in c else None)),
+    ]
+
+
+def _ratio_column(s: Series, unit: str) -> _Column:
+    return _Column("", "ratio", unit, 8, lambda c: _num(_ratio(c, s)))
 
 
 def _time(cells: Cells, series: Series) -> float | None:

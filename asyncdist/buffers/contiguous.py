@@ -44,15 +44,18 @@ def staged(obj: Any, *, writable: bool, name: str = "tensor") -> tuple[HostBuffe
     except UnsupportedBufferError:
         if not _is_non_contiguous(obj):
             raise
-    copy = obj.contiguous() if is_torch_tensor(obj) else np.ascontiguousarray(obj)
-    buf = as_host_buffer(copy, writable=writable, name=name)
-    if not writable:
-        return buf, _nothing
+    if is_torch_tensor(obj):
+        tensor, tensor_copy = obj, obj.contiguous()
+        buf = as_host_buffer(tensor_copy, writable=writable, name=name)
 
-    def write_back() -> None:
-        if is_torch_tensor(obj):
-            obj.copy_(copy)
-        else:
-            np.copyto(obj, copy)
+        def write_back() -> None:
+            tensor.copy_(tensor_copy)
 
-    return buf, write_back
+    else:
+        array_copy = np.ascontiguousarray(obj)
+        buf = as_host_buffer(array_copy, writable=writable, name=name)
+
+        def write_back() -> None:
+            np.copyto(obj, array_copy)
+
+    return buf, (write_back if writable else _nothing)

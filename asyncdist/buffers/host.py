@@ -129,7 +129,7 @@ class HostBuffer:
 
 def scratch_buffer(dtype: str, numel: int) -> HostBuffer:
     """A new, uninitialised, writable flat buffer of ``numel`` elements."""
-    return HostBuffer(memoryview(np.empty(numel * ITEMSIZES[dtype], np.uint8)), dtype, (numel,))
+    return HostBuffer(np.empty(numel * ITEMSIZES[dtype], np.uint8).data, dtype, (numel,))
 
 
 def as_host_buffer(obj: Any, *, writable: bool = False, name: str = "tensor") -> HostBuffer:
@@ -361,7 +361,7 @@ def _bytes_of(obj: Any) -> memoryview:
     except TypeError:
         # An empty N-d buffer, which cast refuses; np.frombuffer takes any
         # C-contiguous buffer whatever its format and shape.
-        return memoryview(np.frombuffer(obj, dtype=np.uint8))
+        return np.frombuffer(obj, dtype=np.uint8).data
 
 
 def _host_buffer(

@@ -67,7 +67,7 @@ class ScratchPool:
 
     def take(self, dtype: str, numel: int) -> HostBuffer:
         """A flat scratch buffer of ``numel`` elements of ``dtype``."""
-        return HostBuffer(memoryview(self.take_bytes(numel * ITEMSIZES[dtype])), dtype, (numel,))
+        return HostBuffer(self.take_bytes(numel * ITEMSIZES[dtype]).data, dtype, (numel,))
 
     def give_back(self, block: HostBuffer | np.ndarray) -> None:
         """Keep ``block`` (from :meth:`take` / :meth:`take_bytes`) for reuse.

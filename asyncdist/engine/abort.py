@@ -45,7 +45,7 @@ def error_from_abort(header: Header) -> AsyncDistError:
         error: AsyncDistError = PeerLostError(reason, lost)
     else:
         error = kind(reason)
-    error.relayed_from = header.src  # type: ignore[attr-defined]
+    error.relayed_from = header.src
     return error
 
 

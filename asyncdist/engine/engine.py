@@ -114,7 +114,7 @@ class Engine:
             ) from None
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
-        assert self._loop is not None
+        assert self._loop is not None and self._all_connected is not None, "listen() first"
         inbox = PeerInbox(self._mailbox, peer, self._control_frame)
         decoder = FrameDecoder(inbox, max_payload=self._max_payload)
         self._inboxes[peer] = inbox

@@ -194,12 +194,14 @@ class PeerInbox:
         if isinstance(target, PostedRecv):
             staged, self._staged = self._staged, None
             if staged is not None:
+                assert target.fold is not None, "only a folding receive is staged"
                 if not target.future.done():  # a call that failed meanwhile leaves its buffer alone
                     target.fold(staged, 0)
                 pool.give_back(staged)
             if not target.future.done():
                 target.future.set_result(header)
             return
+        assert target is not None, "a payload is routed before it is read"
         target.complete = True
         if target.waiter is not None:
             self._mailbox.deliver(target, target.waiter)
@@ -222,7 +224,7 @@ class PeerInbox:
         if target.fold is None:
             return target.buf.view
         self._staged = pool.take_bytes(nbytes)  # folded in when complete
-        return memoryview(self._staged)
+        return self._staged.data
 
     def _read_remote(self, header: Header) -> None:
         """Copy a REMOTE payload out of the sender's memory, or fold it in

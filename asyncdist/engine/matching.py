@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from ..buffers.host import HostBuffer, check_fits
 from ..errors import AsyncDistError, BufferMismatchError, CollectiveMismatchError
@@ -80,6 +80,20 @@ class Inbound:
     failure: BaseException | None = None
 
 
+_Key = TypeVar("_Key", tuple[int, int], tuple[int, int, int])
+
+
+def _remove(table: dict[_Key, deque[PostedRecv]], key: _Key, recv: PostedRecv) -> bool:
+    """Remove ``recv`` from ``table[key]``, and the key with its last receive."""
+    queue = table.get(key)
+    if queue is None or recv not in queue:
+        return False
+    queue.remove(recv)
+    if not queue:
+        del table[key]
+    return True
+
+
 class Matcher:
     """The posted and unexpected queues of one rank."""
 
@@ -116,16 +130,8 @@ class Matcher:
     def unpost(self, recv: PostedRecv) -> bool:
         """Remove a posted receive that has not matched (timeout, cancel)."""
         if recv.src is None:
-            table, key = self._posted_any, (recv.ctx, recv.tag)
-        else:
-            table, key = self._posted, (recv.ctx, recv.src, recv.tag)
-        queue = table.get(key)
-        if queue is None or recv not in queue:
-            return False
-        queue.remove(recv)
-        if not queue:
-            del table[key]
-        return True
+            return _remove(self._posted_any, (recv.ctx, recv.tag), recv)
+        return _remove(self._posted, (recv.ctx, recv.src, recv.tag), recv)
 
     # -- arrivals ----------------------------------------------------------
 
@@ -136,15 +142,16 @@ class Matcher:
         exact = self._posted.get(exact_key)
         wildcard = self._posted_any.get(any_key)
         if exact and (not wildcard or exact[0].order < wildcard[0].order):
-            table, key, queue = self._posted, exact_key, exact
-        elif wildcard:
-            table, key, queue = self._posted_any, any_key, wildcard
-        else:
-            return None
-        recv = queue.popleft()
-        if not queue:
-            del table[key]
-        return recv
+            recv = exact.popleft()
+            if not exact:
+                del self._posted[exact_key]
+            return recv
+        if wildcard:
+            recv = wildcard.popleft()
+            if not wildcard:
+                del self._posted_any[any_key]
+            return recv
+        return None
 
     def add_unexpected(self, inbound: Inbound) -> None:
         """Queue a message that matched no posted receive."""
@@ -201,16 +208,16 @@ class Matcher:
                     self._posted[key] = keep
                 else:
                     del self._posted[key]
-        for key, queue in list(self._posted_any.items()):
+        for any_key, queue in list(self._posted_any.items()):
             hit = [r for r in queue if rank in r.sources and any_source_fails(r)]
             if not hit:
                 continue
             keep = deque(r for r in queue if r not in hit)
             taken.extend(hit)
             if keep:
-                self._posted_any[key] = keep
+                self._posted_any[any_key] = keep
             else:
-                del self._posted_any[key]
+                del self._posted_any[any_key]
         return taken
 
     def take_call(self, ctx: int, tag: int) -> list[PostedRecv]:

@@ -179,9 +179,12 @@ class NcclBackend:
     def _check_usable(self, adapter: DeviceAdapter, device: Hashable, what: str) -> None:
         if self._failed is not None:
             raise DeviceError(f"{what}: the group's NCCL communicator was aborted after: {self._failed}") from self._failed
-        if self._comm is not None and (adapter is not self._adapter or device != self._device):
+        if self._comm is None:
+            return
+        assert self._adapter is not None, "set with the communicator"
+        if adapter is not self._adapter or device != self._device:
             raise InvalidArgumentError(
-                f"{what}: the group's NCCL communicator is on {self._adapter.name} device {self._device!r}; "  # type: ignore[union-attr]
+                f"{what}: the group's NCCL communicator is on {self._adapter.name} device {self._device!r}; "
                 f"this op's tensors are on {adapter.name} device {device!r}"
             )
 

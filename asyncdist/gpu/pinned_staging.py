@@ -232,7 +232,7 @@ async def run_staged(
     """
     chunks = _pipeline(name, arguments)
     reservation = group.reserve_calls(len(chunks) if chunks else spec.calls(arguments))
-    lanes, operands = Lanes(), []
+    lanes, operands = Lanes(), list[StagedOperand]()
     what = f"{name} on group {group.name!r} (device staging)"
     deadline = asyncio.get_running_loop().time() + group.timeout
     try:

@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, cast
 
 from .job import Job, LaunchError
 from .stores import JOIN_TIMEOUT
@@ -147,7 +147,10 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
         self._partial = {1: b"", 2: b""}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # asyncio types this hook for every kind of protocol; a subprocess
+        # protocol's transport is a SubprocessTransport in behaviour (uvloop's
+        # does not subclass it, so isinstance cannot check it).
+        self.transport = cast(asyncio.SubprocessTransport, transport)
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
         if self._consoles is None:
@@ -324,11 +327,12 @@ async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | N
                 return 0
             if isinstance(outcome, int):
                 return 128 + outcome
-            if restart_count < last:
-                print(f"asyncdist-run: restarting the worker group ({restart_count + 1} of {last} restarts)",
-                      file=sys.stderr, flush=True)
-        print(f"asyncdist-run: the job failed: {outcome.describe_exit()}"
-              + (f", after {last} restarts" if last else ""), file=sys.stderr, flush=True)
-        return FAILURE_EXIT_CODE
+            if restart_count == last:
+                print(f"asyncdist-run: the job failed: {outcome.describe_exit()}"
+                      + (f", after {last} restarts" if last else ""), file=sys.stderr, flush=True)
+                return FAILURE_EXIT_CODE
+            print(f"asyncdist-run: restarting the worker group ({restart_count + 1} of {last} restarts)",
+                  file=sys.stderr, flush=True)
+        raise AssertionError("unreachable: the last attempt returns")
     finally:
         signals.uninstall(loop)

@@ -174,7 +174,7 @@ def folder(op: Any, acc: HostBuffer) -> Callable[[np.ndarray, int], None]:
     def fold(piece: np.ndarray, offset: int) -> None:
         assert offset % itemsize == 0 and piece.nbytes % itemsize == 0, "a piece of whole elements"
         start, count = offset // itemsize, piece.nbytes // itemsize
-        combine(op, acc.elements(start, start + count), HostBuffer(memoryview(piece), acc.dtype, (count,)))
+        combine(op, acc.elements(start, start + count), HostBuffer(piece.data, acc.dtype, (count,)))
 
     return fold
 

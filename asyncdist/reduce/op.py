@@ -51,13 +51,16 @@ from __future__ import annotations
 
 import enum
 import numbers
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
 from .._torch import is_torch_tensor, torch_or_none
 from ..buffers.host import ITEMSIZES
 from ..errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "RedOpType",
@@ -88,6 +91,10 @@ class RedOpType(enum.IntEnum):
 
 Factor = float | complex
 
+# ReduceOp's body names its own class attribute ``RedOpType``, which hides the
+# enum there; its annotations use this alias instead.
+_Kind = RedOpType
+
 
 class ReduceOp:
     """A reduction operator, as ``torch.distributed.ReduceOp``.
@@ -106,21 +113,21 @@ class ReduceOp:
 
     __slots__ = ("op", "_factor")
 
-    RedOpType: ClassVar[type[RedOpType]] = RedOpType
-    SUM: ClassVar[RedOpType] = RedOpType.SUM
-    AVG: ClassVar[RedOpType] = RedOpType.AVG
-    PRODUCT: ClassVar[RedOpType] = RedOpType.PRODUCT
-    MIN: ClassVar[RedOpType] = RedOpType.MIN
-    MAX: ClassVar[RedOpType] = RedOpType.MAX
-    BAND: ClassVar[RedOpType] = RedOpType.BAND
-    BOR: ClassVar[RedOpType] = RedOpType.BOR
-    BXOR: ClassVar[RedOpType] = RedOpType.BXOR
-    PREMUL_SUM: ClassVar[RedOpType] = RedOpType.PREMUL_SUM
+    RedOpType: ClassVar[type[_Kind]] = _Kind
+    SUM: ClassVar[_Kind] = _Kind.SUM
+    AVG: ClassVar[_Kind] = _Kind.AVG
+    PRODUCT: ClassVar[_Kind] = _Kind.PRODUCT
+    MIN: ClassVar[_Kind] = _Kind.MIN
+    MAX: ClassVar[_Kind] = _Kind.MAX
+    BAND: ClassVar[_Kind] = _Kind.BAND
+    BOR: ClassVar[_Kind] = _Kind.BOR
+    BXOR: ClassVar[_Kind] = _Kind.BXOR
+    PREMUL_SUM: ClassVar[_Kind] = _Kind.PREMUL_SUM
 
-    op: RedOpType
+    op: _Kind
     _factor: Factor | None
 
-    def __init__(self, op: RedOpType | ReduceOp) -> None:
+    def __init__(self, op: _Kind | ReduceOp) -> None:
         """Wrap ``op``; a PREMUL_SUM needs :func:`make_premul_sum` instead.
 
         Raises:
@@ -140,7 +147,7 @@ class ReduceOp:
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ReduceOp):
             return self.op == other.op
-        if isinstance(other, RedOpType):
+        if isinstance(other, _Kind):
             return self.op == other
         return NotImplemented
 
@@ -150,7 +157,7 @@ class ReduceOp:
     def __repr__(self) -> str:
         return f"<ReduceOp {op_name(self)}>"
 
-    def __reduce__(self) -> tuple[Callable[..., ReduceOp], tuple[RedOpType, Factor | None]]:
+    def __reduce__(self) -> tuple[Callable[..., ReduceOp], tuple[_Kind, Factor | None]]:
         return _new_reduce_op, (self.op, self._factor)
 
 
@@ -160,7 +167,7 @@ def _new_reduce_op(op: RedOpType, factor: Factor | None) -> ReduceOp:
     return obj
 
 
-def make_premul_sum(factor: float | complex) -> ReduceOp:
+def make_premul_sum(factor: float | complex | Tensor) -> ReduceOp:
     """A PREMUL_SUM: each rank's input is multiplied by ``factor``, then all are summed.
 
     Like torch's ``dist._make_nccl_premul_sum``, but on every backend. The
@@ -224,7 +231,7 @@ def _resolve(op: Any) -> tuple[RedOpType, Factor | None]:
         return op.op, op._factor
     if type(op).__module__.startswith("torch"):
         # torch.distributed's RedOpType member, or its ReduceOp instance (.op).
-        kind = RedOpType.__members__.get(getattr(getattr(op, "op", op), "name", None))
+        kind = RedOpType.__members__.get(getattr(getattr(op, "op", op), "name", ""))
         if kind is RedOpType.PREMUL_SUM and hasattr(op, "op"):
             return kind, make_premul_sum(op.factor)._factor
         if kind is not None:

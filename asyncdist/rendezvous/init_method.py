@@ -194,8 +194,8 @@ def resolve(
                           else found.world_size)
         _check_rank(rank, world_size)
         if launcher_store:  # asyncdist-run's own store, beside torch's at MASTER_ADDR:MASTER_PORT
-            made = AttemptStore(_launcher_store(launcher_store, rank, world_size, timeout), environ)
-            return Plan(made, rank, world_size, advertise_host(made.host, environ), owns_store=True)
+            attempt = AttemptStore(_launcher_store(launcher_store, rank, world_size, timeout), environ)
+            return Plan(attempt, rank, world_size, advertise_host(attempt.host, environ), owns_store=True)
         host, port = environ["MASTER_ADDR"], _int(environ["MASTER_PORT"], "MASTER_PORT")
         made = _tcp_store(host, port, rank, world_size, timeout, environ)
         if environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1"):

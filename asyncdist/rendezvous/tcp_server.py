@@ -38,7 +38,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, cast
 
 from ..errors import InvalidArgumentError, ProtocolError, StoreError
 from .store_rules import apply_add, apply_compare_set
@@ -125,7 +125,9 @@ class _Connection(asyncio.Protocol):
         self.lost = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport: asyncio.Transport = transport  # type: ignore[assignment]
+        # asyncio types this hook for every kind of protocol; a stream server's
+        # transport is a Transport in behaviour (uvloop's does not subclass it).
+        self._transport = cast(asyncio.Transport, transport)
         self._peer = transport.get_extra_info("peername")
         self._server.connections.add(self)
         if not self._gate.open:

@@ -239,7 +239,7 @@ class TCPStore(Store):
             readable from :attr:`port`.
         world_size: the number of TCPStores of the job, the master's included.
         is_master: serve the store from this process.
-        timeout: default timeout of ``get``, ``wait`` and connecting.
+        timeout: default timeout of ``get``, ``wait`` and connecting (a ``timedelta`` or seconds).
         wait_for_workers: the master's constructor returns only once
             ``world_size`` TCPStores have connected.
         multi_tenant: masters of this process with the same port share one server.
@@ -262,7 +262,7 @@ class TCPStore(Store):
     """
 
     def __init__(self, host_name: str, port: int, world_size: int | None = None,
-                 is_master: bool = False, timeout: timedelta = DEFAULT_TIMEOUT,
+                 is_master: bool = False, timeout: timedelta | float = DEFAULT_TIMEOUT,
                  wait_for_workers: bool = True, multi_tenant: bool = False,
                  master_listen_fd: int | None = None, use_libuv: bool = True, *,
                  secret: str | bytes | None = None) -> None:

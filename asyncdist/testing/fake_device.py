@@ -48,11 +48,13 @@ class FakeAdapter:
     def problem(self, array: FakeArray) -> str | None:
         return None if array.contiguous else "is not contiguous: Tensors must be contiguous"
 
-    def current_stream(self, device: FakeDevice) -> FakeStream:
-        return device.current_stream()
+    # The DeviceAdapter protocol passes back what device_of returned, typed
+    # as any Hashable; _fake narrows it.
+    def current_stream(self, device: Hashable) -> FakeStream:
+        return _fake(device).current_stream()
 
-    def new_stream(self, device: FakeDevice) -> FakeStream:
-        return device.new_stream("asyncdist")
+    def new_stream(self, device: Hashable) -> FakeStream:
+        return _fake(device).new_stream("asyncdist")
 
     def record_event(self, stream: FakeStream) -> FakeEvent:
         return stream.device.record(stream)
@@ -98,7 +100,7 @@ class FakeAdapter:
     def nccl(self) -> Any:
         return fake_nccl
 
-    def on_device(self, device: FakeDevice) -> contextlib.AbstractContextManager:
+    def on_device(self, device: Hashable) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
     def scale_(self, array: FakeArray, factor: float, stream: FakeStream) -> None:
@@ -116,6 +118,11 @@ class FakeAdapter:
 
         stream.device.launch(kernel, stream)
         return out
+
+
+def _fake(device: Hashable) -> FakeDevice:
+    assert isinstance(device, FakeDevice), f"not a fake device: {device!r}"
+    return device
 
 
 _INSTALLED: list[FakeAdapter] = []

@@ -101,7 +101,8 @@ class _Op:
                 continue  # a rank has not issued its side yet
             ready = True
             for p in partners:
-                s = p.op.stream  # type: ignore[union-attr]
+                assert p.op is not None, "a partner issued inside a group call not yet launched"
+                s = p.op.stream
                 if not (s.ops and s.ops[0][1] is p.op):
                     ready = False
                     if s not in visiting and step(s, visiting):

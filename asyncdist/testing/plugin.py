@@ -68,7 +68,9 @@ import pytest
 try:
     import pytest_asyncio
 except ImportError:  # local_ranks then says what is missing
-    pytest_asyncio = None
+    _HAVE_PYTEST_ASYNCIO = False
+else:
+    _HAVE_PYTEST_ASYNCIO = True
 
 __all__ = ["world_size", "local_ranks", "spawn_ranks"]
 
@@ -112,7 +114,7 @@ def world_size() -> int:
     return DEFAULT_WORLD_SIZE
 
 
-if pytest_asyncio is not None:
+if _HAVE_PYTEST_ASYNCIO:
 
     @pytest_asyncio.fixture
     async def local_ranks(world_size: int) -> AsyncIterator[list[Any]]:

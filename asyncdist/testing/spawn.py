@@ -51,7 +51,7 @@ class RemoteTraceback(Exception):
         return self.args[0]
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def _context() -> multiprocessing.context.ForkServerContext:
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     return ctx

@@ -16,7 +16,10 @@ Which names: torch's Python functions call ``allreduce``, ``broadcast``,
 through torch's ``PyProcessGroup`` trampoline. The older names
 (``_allgather_base``, ``_reduce_scatter_base``, ``alltoall_base``,
 ``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``) are
-aliases.
+aliases. They take torch.distributed's one calling convention, a list of
+tensors and an ``*Options`` struct, and live in a base class of their own,
+``_TorchCalls``: torch's stubs declare each name with the convenience forms
+of its C++ binding too, which no caller of a Python backend uses.
 
 Ordering: a collective takes its group's next call number when its
 coroutine first runs on the loop, and tasks first run in the order they
@@ -33,7 +36,7 @@ callbacks of the Works' futures run on other threads (see :mod:`.work`).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 import torch.distributed as tdist
 
@@ -43,15 +46,31 @@ from ..group.process_group import ProcessGroup
 from ..group.work import Work
 from .work import TorchWork
 
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch._C._distributed_c10d import (
+        AllgatherOptions,
+        AllreduceCoalescedOptions,
+        AllreduceOptions,
+        AllToAllOptions,
+        BarrierOptions,
+        BroadcastOptions,
+        GatherOptions,
+        ReduceOptions,
+        ReduceScatterOptions,
+        ScatterOptions,
+    )
+
 __all__ = ["AsyncdistProcessGroup", "BACKEND_NAME"]
 
 #: The name under which the backend is registered with torch.
 BACKEND_NAME = "asyncdist"
 
 Operation = Callable[[ProcessGroup], Coroutine[Any, Any, Any]]
+_T = TypeVar("_T")
 
 
-def _one(tensors: Sequence[Any], what: str) -> Any:
+def _one(tensors: Sequence[_T], what: str) -> _T:
     """torch passes a list of one tensor per call (a list per device, once)."""
     if len(tensors) != 1:
         raise InvalidArgumentError(f"{what} takes one tensor per call on the asyncdist backend, got {len(tensors)}")
@@ -80,7 +99,151 @@ def _together(calls: list[Coroutine[Any, Any, None]]) -> Coroutine[Any, Any, Non
     return wait_all()
 
 
-class AsyncdistProcessGroup(tdist.ProcessGroup):
+class _TorchCalls:
+    """The operations, in the one calling convention torch.distributed uses:
+    a list of tensors and an ``*Options`` struct (see the module docstring).
+
+    torch's stubs also declare, for most of these names, the convenience
+    forms of its C++ binding (one tensor, ``op=``, ``timeout=``); nothing in
+    torch calls a Python backend that way, and these methods do not take
+    them, so they live in this base, apart from torch's ProcessGroup.
+    """
+
+    _group: ProcessGroup
+    _portal: LoopThread
+
+    # -- starting an operation ------------------------------------------------
+
+    def _start(self, what: str, operation: Operation, outputs: list[Tensor]) -> TorchWork:
+        """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once.
+
+        Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
+        call and the peers it waits on (also in the tasks ``_together`` starts).
+        """
+        group = self._group
+
+        def start() -> TorchWork:
+            label = f"{what} on group {group.name!r}"
+            work = Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
+            return TorchWork(work, outputs)
+
+        return self._portal.start(start, what=f"{what}()")
+
+    def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:
+        """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
+        group = self._group
+        return self._portal.start(lambda: TorchWork(operation(group), outputs), what=f"{what}()")
+
+    # -- collectives ------------------------------------------------------------
+
+    def allreduce(self, tensors: list[Tensor], opts: AllreduceOptions | None = None) -> TorchWork:
+        tensor, op = _one(tensors, "allreduce"), _op(opts)
+        return self._start("all_reduce", lambda g: g.all_reduce(tensor, op), [tensor])
+
+    def allreduce_coalesced(self, tensors: list[Tensor], opts: AllreduceCoalescedOptions | None = None) -> TorchWork:
+        op = _op(opts)
+        return self._start("all_reduce_coalesced", lambda g: g.all_reduce_coalesced(tensors, op), list(tensors))
+
+    def broadcast(self, tensors: list[Tensor], opts: BroadcastOptions | None = None) -> TorchWork:
+        tensor, root = _one(tensors, "broadcast"), _root(opts)
+        return self._start("broadcast", lambda g: g.broadcast(tensor, root), [tensor])
+
+    def reduce(self, tensors: list[Tensor], opts: ReduceOptions | None = None) -> TorchWork:
+        tensor, root, op = _one(tensors, "reduce"), _root(opts), _op(opts)
+        return self._start("reduce", lambda g: g.reduce(tensor, root, op), [tensor])
+
+    def allgather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
+                  opts: AllgatherOptions | None = None) -> TorchWork:
+        outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
+        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs))
+
+    def allgather_coalesced(self, output_lists: list[list[Tensor]], input_list: list[Tensor],
+                            opts: AllgatherOptions | None = None) -> TorchWork:
+        # output_lists[r][i] receives rank r's input_list[i].
+        def operation(g: ProcessGroup) -> Coroutine[Any, Any, None]:
+            return _together([g.all_gather([per_rank[i] for per_rank in output_lists], tensor)
+                              for i, tensor in enumerate(input_list)])
+
+        return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank])
+
+    def all_gather_single(self, output: Tensor, input: Tensor, opts: AllgatherOptions | None = None) -> TorchWork:
+        return self._start("all_gather_into_tensor", lambda g: g.all_gather_into_tensor(output, input), [output])
+
+    def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
+                                    opts: AllgatherOptions | None = None) -> TorchWork:
+        return self._start(
+            "all_gather_into_tensor_coalesced",
+            lambda g: _together([g.all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]),
+            list(outputs),
+        )
+
+    def gather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
+               opts: GatherOptions | None = None) -> TorchWork:
+        tensor, root = _one(input_tensors, "gather"), _root(opts)
+        gather_list = output_tensors[0] if output_tensors else None  # only the root has a list
+        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []))
+
+    def scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
+                opts: ScatterOptions | None = None) -> TorchWork:
+        tensor, root = _one(output_tensors, "scatter"), _root(opts)
+        scatter_list = input_tensors[0] if input_tensors else None  # only the root has a list
+        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor])
+
+    def reduce_scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
+                       opts: ReduceScatterOptions | None = None) -> TorchWork:
+        output, inputs, op = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter"), _op(opts)
+        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output])
+
+    def reduce_scatter_single(self, output: Tensor, input: Tensor,
+                              opts: ReduceScatterOptions | None = None) -> TorchWork:
+        op = _op(opts)
+        return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output])
+
+    def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
+                                        opts: ReduceScatterOptions | None = None) -> TorchWork:
+        op = _op(opts)
+        return self._start(
+            "reduce_scatter_tensor_coalesced",
+            lambda g: _together([g.reduce_scatter_tensor(o, i, op) for o, i in zip(outputs, inputs, strict=True)]),
+            list(outputs),
+        )
+
+    def all_to_all_single(self, output: Tensor, input: Tensor, output_split_sizes: Sequence[int],
+                          input_split_sizes: Sequence[int], opts: AllToAllOptions | None = None) -> TorchWork:
+        out_splits, in_splits = _splits(output_split_sizes), _splits(input_split_sizes)
+        return self._start(
+            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output])
+
+    def alltoall(self, output_tensors: list[Tensor], input_tensors: list[Tensor],
+                 opts: AllToAllOptions | None = None) -> TorchWork:
+        return self._start("all_to_all", lambda g: g.all_to_all(output_tensors, input_tensors), list(output_tensors))
+
+    def barrier(self, opts: BarrierOptions | None = None) -> TorchWork:
+        return self._start("barrier", lambda g: g.barrier(), [])
+
+    # torch's older names for the same calls (C++ callers and older torch code).
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
+
+    # -- point to point ---------------------------------------------------------
+
+    def send(self, tensors: list[Tensor], dst: int, tag: int) -> TorchWork:
+        tensor = _one(tensors, "send")
+        return self._start_p2p("send", lambda g: g.isend(tensor, dst, tag), [tensor])
+
+    def recv(self, tensors: list[Tensor], src: int, tag: int) -> TorchWork:
+        tensor = _one(tensors, "recv")
+        return self._start_p2p("recv", lambda g: g.irecv(tensor, src, tag), [tensor])
+
+    def recv_anysource(self, tensors: list[Tensor], tag: int) -> TorchWork:
+        tensor = _one(tensors, "recv")
+        return self._start_p2p("recv", lambda g: g.irecv(tensor, None, tag), [tensor])
+
+
+class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[misc]  # torch's stubs: see _TorchCalls
     """A torch ``ProcessGroup`` whose operations run on asyncdist.
 
     Made by the backend's creator (:func:`asyncdist.torch_backend.backend.create_backend`),
@@ -94,7 +257,7 @@ class AsyncdistProcessGroup(tdist.ProcessGroup):
     """
 
     def __init__(self, group: ProcessGroup, portal: LoopThread, on_shutdown: Callable[[Any], None]) -> None:
-        super().__init__(group.rank, group.size)
+        super().__init__(group.rank, group.size)  # type: ignore[call-arg]  # torch's stub omits its (rank, size) constructor
         self._group = group
         self._portal = portal
         self._on_shutdown: Callable[[Any], None] | None = on_shutdown
@@ -125,127 +288,6 @@ class AsyncdistProcessGroup(tdist.ProcessGroup):
         """The asyncdist group underneath (loop thread only, as its methods are)."""
         return self._group
 
-    # -- starting an operation ------------------------------------------------
-
-    def _start(self, what: str, operation: Operation, outputs: list) -> TorchWork:
-        """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once.
-
-        Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
-        call and the peers it waits on (also in the tasks ``_together`` starts).
-        """
-        group = self._group
-
-        def start() -> TorchWork:
-            label = f"{what} on group {group.name!r}"
-            work = Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
-            return TorchWork(work, outputs)
-
-        return self._portal.start(start, what=f"{what}()")
-
-    def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list) -> TorchWork:
-        """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
-        group = self._group
-        return self._portal.start(lambda: TorchWork(operation(group), outputs), what=f"{what}()")
-
-    # -- collectives ------------------------------------------------------------
-
-    def allreduce(self, tensors: list, opts: Any = None) -> TorchWork:
-        tensor, op = _one(tensors, "allreduce"), _op(opts)
-        return self._start("all_reduce", lambda g: g.all_reduce(tensor, op), [tensor])
-
-    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> TorchWork:
-        op = _op(opts)
-        return self._start("all_reduce_coalesced", lambda g: g.all_reduce_coalesced(tensors, op), list(tensors))
-
-    def broadcast(self, tensors: list, opts: Any = None) -> TorchWork:
-        tensor, root = _one(tensors, "broadcast"), _root(opts)
-        return self._start("broadcast", lambda g: g.broadcast(tensor, root), [tensor])
-
-    def reduce(self, tensors: list, opts: Any = None) -> TorchWork:
-        tensor, root, op = _one(tensors, "reduce"), _root(opts), _op(opts)
-        return self._start("reduce", lambda g: g.reduce(tensor, root, op), [tensor])
-
-    def allgather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
-        outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
-        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs))
-
-    def allgather_coalesced(self, output_lists: list, input_list: list, opts: Any = None) -> TorchWork:
-        # output_lists[r][i] receives rank r's input_list[i].
-        def operation(g: ProcessGroup) -> Coroutine[Any, Any, None]:
-            return _together([g.all_gather([per_rank[i] for per_rank in output_lists], tensor)
-                              for i, tensor in enumerate(input_list)])
-
-        return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank])
-
-    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> TorchWork:
-        return self._start("all_gather_into_tensor", lambda g: g.all_gather_into_tensor(output, input), [output])
-
-    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> TorchWork:
-        return self._start(
-            "all_gather_into_tensor_coalesced",
-            lambda g: _together([g.all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]),
-            list(outputs),
-        )
-
-    def gather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
-        tensor, root = _one(input_tensors, "gather"), _root(opts)
-        gather_list = output_tensors[0] if output_tensors else None  # only the root has a list
-        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []))
-
-    def scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
-        tensor, root = _one(output_tensors, "scatter"), _root(opts)
-        scatter_list = input_tensors[0] if input_tensors else None  # only the root has a list
-        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor])
-
-    def reduce_scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
-        output, inputs, op = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter"), _op(opts)
-        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output])
-
-    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> TorchWork:
-        op = _op(opts)
-        return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output])
-
-    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> TorchWork:
-        op = _op(opts)
-        return self._start(
-            "reduce_scatter_tensor_coalesced",
-            lambda g: _together([g.reduce_scatter_tensor(o, i, op) for o, i in zip(outputs, inputs, strict=True)]),
-            list(outputs),
-        )
-
-    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Sequence[int],
-                          input_split_sizes: Sequence[int], opts: Any = None) -> TorchWork:
-        out_splits, in_splits = _splits(output_split_sizes), _splits(input_split_sizes)
-        return self._start(
-            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output])
-
-    def alltoall(self, output_tensors: list, input_tensors: list, opts: Any = None) -> TorchWork:
-        return self._start("all_to_all", lambda g: g.all_to_all(output_tensors, input_tensors), list(output_tensors))
-
-    def barrier(self, opts: Any = None) -> TorchWork:
-        return self._start("barrier", lambda g: g.barrier(), [])
-
-    # torch's older names for the same calls (C++ callers and older torch code).
-    _allgather_base = all_gather_single
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    _reduce_scatter_base = reduce_scatter_single
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-    alltoall_base = all_to_all_single
-
-    # -- point to point ---------------------------------------------------------
-
-    def send(self, tensors: list, dst: int, tag: int) -> TorchWork:
-        tensor = _one(tensors, "send")
-        return self._start_p2p("send", lambda g: g.isend(tensor, dst, tag), [tensor])
-
-    def recv(self, tensors: list, src: int, tag: int) -> TorchWork:
-        tensor = _one(tensors, "recv")
-        return self._start_p2p("recv", lambda g: g.irecv(tensor, src, tag), [tensor])
-
-    def recv_anysource(self, tensors: list, tag: int) -> TorchWork:
-        tensor = _one(tensors, "recv")
-        return self._start_p2p("recv", lambda g: g.irecv(tensor, None, tag), [tensor])
-
     # -- lifetime -----------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -263,11 +305,11 @@ class AsyncdistProcessGroup(tdist.ProcessGroup):
     abort = shutdown
 
 
-def _op(opts: Any) -> Any:
+def _op(opts: AllreduceOptions | ReduceOptions | ReduceScatterOptions | None) -> Any:
     """The reduction of a torch ``*Options`` (SUM when torch passed none)."""
     return tdist.ReduceOp.SUM if opts is None else opts.reduceOp
 
 
-def _root(opts: Any) -> int:
+def _root(opts: BroadcastOptions | ReduceOptions | GatherOptions | ScatterOptions | None) -> int:
     """The root (a group rank) of a torch ``*Options``."""
     return 0 if opts is None else opts.rootRank

@@ -122,10 +122,10 @@ class TorchWork(tdist.Work):
         """Nothing to do: CPU tensors are complete once the operation is."""
 
 
-def _future_of(work: Work) -> Any:
+def _future_of(work: Work) -> torch.futures.Future[Any]:
     """A torch future of ``work``, completed on a thread of COMPLETIONS (call on the loop thread)."""
     on_loop = work.get_future()  # completed by the operation's done-callback, on the loop thread
-    handed = torch.futures.Future()
+    handed: torch.futures.Future[Any] = torch.futures.Future()
 
     def settle() -> None:
         try:

@@ -213,7 +213,7 @@ class Connection:
         block = pool.take_bytes(min(nbytes, FOLD_PIECE_BYTES))
         for offset in range(0, nbytes, FOLD_PIECE_BYTES):
             piece = block[: min(FOLD_PIECE_BYTES, nbytes - offset)]
-            self._read_peer(memoryview(piece), addr + offset)
+            self._read_peer(piece.data, addr + offset)
             fold(piece, offset)
         pool.give_back(block)
         self.send_frame(self._done_frame, None)

@@ -33,7 +33,7 @@ import hashlib
 import hmac
 import os
 from dataclasses import dataclass
-from typing import Protocol, TypedDict, TypeGuard
+from typing import Protocol, TypedDict, TypeGuard, TypeVar
 
 import msgpack
 
@@ -178,7 +178,10 @@ def _mac(secret: bytes, role: bytes, *parts: bytes) -> bytes:
     return hmac.new(secret, role + b"|" + b"|".join(parts), hashlib.sha256).digest()
 
 
-def _field(fields: dict, name: str, kind: type) -> object:
+_T = TypeVar("_T")
+
+
+def _field(fields: dict, name: str, kind: type[_T]) -> _T:
     value = fields.get(name)
     if type(value) is not kind:
         raise HandshakeError(f"handshake field {name!r} is missing or not {kind.__name__}")
