@@ -17,20 +17,16 @@ Two faces over one core:
 from __future__ import annotations
 
 from . import errors
-from .facade.state import (
+from .facade.lifecycle import (
     destroy_process_group,
     get_backend,
     get_rank,
     get_world_size,
     init_process_group,
-    irecv,
     is_available,
     is_initialized,
-    isend,
-    recv,
-    send,
 )
-from .facade.batch import P2POp, batch_isend_irecv
+from .facade.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .facade.collectives import (
     all_gather,
     all_gather_into_tensor,

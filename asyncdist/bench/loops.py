@@ -120,7 +120,7 @@ def facade_rank(plan: Plan) -> list[Sample]:
     in the same processes, not of two series run minutes apart.
     """
     import asyncdist as dist
-    from ..facade.state import _portal, _world
+    from ..facade.lifecycle import _portal, _world
 
     dist.init_process_group()
     try:

@@ -6,8 +6,7 @@ loop thread as a Task, wraps it in a :class:`~asyncdist.group.work.Work`, and
 returns the Work (``async_op=True``) or waits for it and returns None. The
 checks, algorithms and error messages all live below, in the await API.
 
-This module owns the ``Group`` alias that every facade module takes,
-:func:`_submit` and :func:`_root`, which the facade's other group calls share
+This module owns :func:`_submit`, which the facade's other group calls share
 (the reductions in :mod:`asyncdist.facade.reductions`, the object collectives
 in :mod:`asyncdist.facade.objects`), and the collectives that move data
 without combining it (broadcast, the gathers, scatter, all_to_all) and the
@@ -33,8 +32,9 @@ import asyncio
 from datetime import timedelta
 from typing import Any, Callable, Coroutine, Sequence
 
-from ..errors import InvalidArgumentError, OperationTimeoutError
-from .state import _group_and_portal, _group_peer
+from ..errors import OperationTimeoutError
+from ..timeouts import seconds as as_seconds
+from .lifecycle import Group, _member_and_portal
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
 
@@ -51,9 +51,6 @@ __all__ = [
     "monitored_barrier",
 ]
 
-Group = ProcessGroup | int | None  # int: GroupMember.NON_GROUP_MEMBER
-
-
 def _submit(
     group: Group,
     what: str,
@@ -67,8 +64,8 @@ def _submit(
         None if this rank is not in the group; else the Work if ``async_op``,
         else the operation's value once it has completed.
     """
-    g, portal = _group_and_portal(group)
-    if g.rank < 0:
+    g, portal = _member_and_portal(group)
+    if g is None:
         return None
     if not async_op:  # one round trip to the loop thread: start, run and wait together
         return portal.run(operation(g), what=f"{what}()")
@@ -79,17 +76,6 @@ def _submit(
         return Work.start(lambda: operation(g), f"{what} on group {g.name!r}", list(outputs), rank=g.global_rank(g.rank))
 
     return portal.start(start, what=f"{what}()")
-
-
-def _root(g: ProcessGroup, peer: int | None, group_peer: int | None, name: str, default: int | None = None) -> int:
-    """The root's group rank from torch's pair of arguments (``src``/``group_src``)."""
-    if peer is None and group_peer is None:
-        if default is None:
-            raise InvalidArgumentError(f"give {name} (a global rank) or group_{name} (a rank within the group)")
-        peer = default
-    root = _group_peer(g, peer, group_peer, name)
-    assert root is not None
-    return root
 
 
 def broadcast(
@@ -122,7 +108,7 @@ def broadcast(
         t = torch.arange(4.0) if dist.get_rank() == 0 else torch.empty(4)
         dist.broadcast(t, src=0)
     """
-    return _submit(group, "broadcast", lambda g: g.broadcast(tensor, _root(g, src, group_src, "src")), async_op, [tensor])
+    return _submit(group, "broadcast", lambda g: g.broadcast(tensor, g.members.root(src, group_src, "src")), async_op, [tensor])
 
 
 def all_gather(tensor_list: list, tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
@@ -209,7 +195,7 @@ def gather(
         CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
     """
     return _submit(
-        group, "gather", lambda g: g.gather(tensor, gather_list, _root(g, dst, group_dst, "dst", 0)), async_op, gather_list or []
+        group, "gather", lambda g: g.gather(tensor, gather_list, g.members.root(dst, group_dst, "dst", 0)), async_op, gather_list or []
     )
 
 
@@ -242,7 +228,7 @@ def scatter(
         CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
     """
     return _submit(
-        group, "scatter", lambda g: g.scatter(tensor, scatter_list, _root(g, src, group_src, "src", 0)), async_op, [tensor]
+        group, "scatter", lambda g: g.scatter(tensor, scatter_list, g.members.root(src, group_src, "src", 0)), async_op, [tensor]
     )
 
 
@@ -331,7 +317,7 @@ def barrier(
     """
     if timeout is None:
         return _submit(group, "barrier", lambda g: g.barrier(), async_op)
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    seconds = as_seconds(timeout, default=0.0, what="barrier: timeout")
     return _submit(group, "barrier", lambda g: _within(g.barrier(), seconds, f"barrier of group {g.name!r}"), async_op)
 
 

@@ -25,8 +25,7 @@ from typing import Any, Sequence
 
 from .._torch import torch_or_none
 from ..errors import InvalidArgumentError, RendezvousError
-from .state import NON_GROUP_MEMBER, _check_backend, _group, _portal, _runtime, _use_backend, _world, get_rank
-from .collectives import Group
+from .lifecycle import NON_GROUP_MEMBER, Group, _check_backend, _group, _portal, _runtime, _use_backend, _world
 from ..group.process_group import ProcessGroup
 
 __all__ = [
@@ -114,16 +113,12 @@ def new_group(
             "use_local_synchronization=True is not supported: every rank must call new_group, in the same order"
         )
     members = list(range(world.size)) if ranks is None else list(ranks)
-    if sort_ranks and all(type(r) is int for r in members):
-        members.sort()
+    if sort_ranks:
+        members = _sorted(members)
 
     def create() -> ProcessGroup:
         sub = world.new_group(members, timeout=timeout, name=group_desc)
-        if sub.rank < 0:
-            world.subgroups.groups.remove(sub)  # unreachable to the caller: nothing to keep
-        else:
-            sub.store = world.store
-            _use_backend(sub, backend, world.store)
+        _keep_or_forget(world, sub, backend)
         return sub
 
     sub = _portal().call(create, what="new_group()")
@@ -199,27 +194,38 @@ def new_subgroups_by_enumeration(
             (checked before any group is created).
         InvalidRankError: as for :func:`new_group`.
     """
-    if not ranks_per_subgroup_list:
-        raise InvalidArgumentError("ranks_per_subgroup_list cannot be empty")
-    owner: dict[int, list[int]] = {}
-    for ranks in ranks_per_subgroup_list:
-        for r in ranks:
-            if r in owner:
-                raise InvalidArgumentError(f"rank {r} appears in both subgroup {owner[r]} and {list(ranks)}")
-            owner[r] = list(ranks)
-    me = get_rank()
-    subgroups, current = [], None
-    for ranks in ranks_per_subgroup_list:
-        sub = new_group(ranks, timeout, backend, pg_options, group_desc=group_desc)
-        subgroups.append(sub)
-        if me in ranks:
-            current = sub
-    return current, subgroups  # type: ignore[return-value]
+    world = _world()
+    backend = _runtime.backend if backend is None else _check_backend(backend)
+    parts = [_sorted(ranks) for ranks in ranks_per_subgroup_list]
+
+    def create() -> tuple[ProcessGroup | None, list[ProcessGroup]]:
+        mine, made = world.partition(parts, timeout=timeout, name=group_desc)
+        for sub in made:
+            _keep_or_forget(world, sub, backend)
+        return mine, made
+
+    mine, made = _portal().call(create, what="new_subgroups_by_enumeration()")
+    return mine, [sub if sub.rank >= 0 else NON_GROUP_MEMBER for sub in made]
+
+
+def _sorted(ranks: Sequence[int]) -> list[int]:
+    """``ranks`` in order, as torch sorts a new group's ranks (left as they are
+    if they are not all ints: the group's check then names the bad one)."""
+    return sorted(ranks) if all(type(r) is int for r in ranks) else list(ranks)
+
+
+def _keep_or_forget(world: ProcessGroup, sub: ProcessGroup, backend: Any) -> None:
+    """Loop thread: a new group this rank is in gets the backend's CUDA path;
+    one it is not in is forgotten (the caller gets NON_GROUP_MEMBER)."""
+    if sub.rank < 0:
+        world.subgroups.groups.remove(sub)
+    else:
+        _use_backend(sub, backend, world.store)
 
 
 def _members(group: Group, what: str) -> ProcessGroup:
     g = _group(group)
-    if g.size < 0:
+    if g is None:
         raise InvalidArgumentError(f"{what}: GroupMember.NON_GROUP_MEMBER stands for a group this rank is not in; it has no ranks")
     return g
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .state import _group
-from .collectives import Group, _root, _submit
+from ..group.process_group import ProcessGroup
+from .collectives import _submit
+from .lifecycle import Group
 
 __all__ = [
     "broadcast_object_list",
@@ -55,7 +56,7 @@ def broadcast_object_list(
         objs = [{"lr": 0.1}, "resnet"] if dist.get_rank() == 0 else [None, None]
         dist.broadcast_object_list(objs, src=0)
     """
-    _submit(group, "broadcast_object_list", lambda g: g.broadcast_object_list(object_list, _root(g, src, group_src, "src", 0)), False)
+    _submit(group, "broadcast_object_list", lambda g: g.broadcast_object_list(object_list, g.members.root(src, group_src, "src", 0)), False)
 
 
 def all_gather_object(object_list: list, obj: Any, group: Group = None) -> None:
@@ -100,7 +101,7 @@ def gather_object(
         InvalidRankError: ``dst`` is not in ``group``.
         PeerLostError, OperationTimeoutError: a rank is gone or too slow.
     """
-    _submit(group, "gather_object", lambda g: g.gather_object(obj, object_gather_list, _root(g, dst, group_dst, "dst", 0)), False)
+    _submit(group, "gather_object", lambda g: g.gather_object(obj, object_gather_list, g.members.root(dst, group_dst, "dst", 0)), False)
 
 
 def scatter_object_list(
@@ -133,7 +134,7 @@ def scatter_object_list(
         group,
         "scatter_object_list",
         lambda g: g.scatter_object_list(
-            scatter_object_output_list, scatter_object_input_list, _root(g, src, group_src, "src", 0)
+            scatter_object_output_list, scatter_object_input_list, g.members.root(src, group_src, "src", 0)
         ),
         False,
     )
@@ -167,7 +168,7 @@ def send_object_list(
         InvalidRankError: ``dst`` is missing, not in ``group``, or this rank.
         PeerLostError, OperationTimeoutError: as for ``send``.
     """
-    _submit(group, "send_object_list", lambda g: g.send_object_list(object_list, _root(g, dst, group_dst, "dst")), False)
+    _submit(group, "send_object_list", lambda g: g.send_object_list(object_list, g.members.root(dst, group_dst, "dst")), False)
 
 
 def recv_object_list(
@@ -197,10 +198,9 @@ def recv_object_list(
         BufferMismatchError: the sender's list has another length.
         PeerLostError, OperationTimeoutError: as for ``recv``.
     """
-    sender = _submit(
-        group,
-        "recv_object_list",
-        lambda g: g.recv_object_list(object_list, None if src is None and group_src is None else _root(g, src, group_src, "src")),
-        False,
-    )
-    return -1 if sender is None else _group(group).ranks[sender]
+    async def received(g: ProcessGroup) -> int:
+        sender = await g.recv_object_list(object_list, g.members.named(src, group_src, "src"))
+        return g.ranks[sender]
+
+    sender = _submit(group, "recv_object_list", received, False)
+    return -1 if sender is None else sender

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .collectives import Group, _root, _submit
+from .collectives import _submit
+from .lifecycle import Group
 from ..reduce.op import ReduceOp
 from ..group.work import Work
 
@@ -111,7 +112,7 @@ def reduce(
         InvalidRankError: ``dst`` is not in ``group``.
         CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_reduce`.
     """
-    return _submit(group, "reduce", lambda g: g.reduce(tensor, _root(g, dst, group_dst, "dst"), op), async_op, [tensor])
+    return _submit(group, "reduce", lambda g: g.reduce(tensor, g.members.root(dst, group_dst, "dst"), op), async_op, [tensor])
 
 
 def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:

@@ -31,7 +31,7 @@ import asyncio
 import inspect
 from typing import Any, Awaitable, Callable
 
-from ..gpu.device import adapter_for
+from ..gpu.device import DeviceAdapter, adapter_for
 from ..gpu.operands import SPECS
 from ..gpu.pinned_staging import StagedP2P, run_staged
 from .calls import Calls
@@ -91,7 +91,7 @@ class Devices:
         what = f"send to rank {dst} (tag {tag}, group {self._members.name!r}, device)"
         if self.nccl is not None:
             return Work(asyncio.ensure_future(self.nccl.p2p("send", tensor, dst)), what, [tensor])
-        staged = StagedP2P(tensor, adapter_for(tensor), send=True, what=what)
+        staged = StagedP2P(tensor, _adapter(tensor), send=True, what=what)
         p2p = self._p2p
         previous, gate = p2p.queue_send(dst)
         deadline = asyncio.get_running_loop().time() + self._calls.timeout
@@ -120,7 +120,7 @@ class Devices:
             what = f"recv from rank {src} (tag {tag}, group {self._members.name!r}, device)"
             return Work(asyncio.ensure_future(self.nccl.p2p("recv", tensor, src)), what, [tensor])
         what = f"recv (tag {tag}, group {self._members.name!r}, device)"
-        staged = StagedP2P(tensor, adapter_for(tensor), send=False, what=what)
+        staged = StagedP2P(tensor, _adapter(tensor), send=False, what=what)
         try:
             inner = self._p2p.irecv(staged.host, src, tag)  # posted now: keeps its place
         except BaseException:
@@ -136,3 +136,10 @@ class Devices:
                 staged.release()
 
         return Work(asyncio.ensure_future(run()), what, [tensor])
+
+
+def _adapter(tensor: Any) -> DeviceAdapter:
+    """The adapter of ``tensor``, which ProcessGroup found to be a device array."""
+    adapter = adapter_for(tensor)
+    assert adapter is not None, f"{type(tensor).__name__} is routed as a device array but no adapter claims it"
+    return adapter

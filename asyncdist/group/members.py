@@ -106,6 +106,45 @@ class Members:
             )
         return self.ranks[checked]
 
+    def named(self, peer: object, group_peer: object, name: str) -> int | None:
+        """The group rank that torch's pair of arguments names, or None if neither is given.
+
+        torch takes a peer either as a global rank (``src``, ``dst``) or as a
+        rank within the group (``group_src``, ``group_dst``), not both.
+
+        Args:
+            peer: a global rank, or None.
+            group_peer: a rank within this group, or None.
+            name: the global argument's name ("src", "dst", "peer").
+
+        Raises:
+            InvalidArgumentError: both are given.
+            InvalidRankError: ``peer`` is not a member, or ``group_peer`` not a group rank.
+        """
+        if peer is not None and group_peer is not None:
+            raise InvalidArgumentError(f"Can only specify one of {name} or group_{name}")
+        if group_peer is not None:
+            return self.check(group_peer, f"group_{name}")
+        if peer is None:
+            return None
+        if type(peer) is not int:
+            raise InvalidRankError(f"{name} must be an int rank, got {peer!r}")
+        return self.group_rank(peer)
+
+    def root(self, peer: object, group_peer: object, name: str, default: int | None = None) -> int:
+        """Like :meth:`named`, for a root that must be given (or defaults to global rank ``default``).
+
+        Raises:
+            InvalidArgumentError: neither is given and there is no default.
+        """
+        if peer is None and group_peer is None:
+            if default is None:
+                raise InvalidArgumentError(f"give {name} (a global rank) or group_{name} (a rank within the group)")
+            peer = default
+        root = self.named(peer, group_peer, name)
+        assert root is not None  # one of the two was given
+        return root
+
     def sources(self, src: int | None) -> tuple[int, ...]:
         """The group ranks a receive from ``src`` waits on (every other member for any rank)."""
         return (src,) if src is not None else tuple(r for r in range(self.size) if r != self.rank)

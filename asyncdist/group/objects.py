@@ -38,7 +38,7 @@ def _pickled(obj: Any) -> np.ndarray:
 
 
 def _unpickled(payload: np.ndarray, size: int) -> Any:
-    return pickle.loads(memoryview(payload[:size]))
+    return pickle.loads(payload[:size].data)
 
 
 def _padded(payloads: Sequence[np.ndarray], width: int) -> list[np.ndarray]:
@@ -145,11 +145,12 @@ class ObjectCollectives:
             whole = np.empty(width * self.size, np.uint8)
             await self._tensors.all_gather_into_tensor(whole, mine)
             slots = np.split(whole, self.size)
-        else:
-            slots = [np.empty(width, np.uint8) for _ in range(self.size)] if self.rank == dst else None
+        elif self.rank == dst:
+            slots = [np.empty(width, np.uint8) for _ in range(self.size)]
             await self._tensors.gather(mine, slots, dst)
-            if slots is None:
-                return None
+        else:
+            await self._tensors.gather(mine, None, dst)
+            return None
         return [_unpickled(slot, size) for slot, size in zip(slots, sizes.tolist())]
 
     async def scatter_object_list(

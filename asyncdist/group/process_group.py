@@ -108,7 +108,7 @@ class ProcessGroup:
         self.devices = Devices(self.calls, self.p2p)
         self.objects = ObjectCollectives(self)
         self.monitor = Monitor(self.calls)
-        self.subgroups = Subgroups(self.calls, self._child)
+        self.subgroups: Subgroups[ProcessGroup] = Subgroups(self.calls, self._child)
         self.store: Any = None
         self._closers: list[Callable[[], Any]] = []
 

@@ -20,7 +20,7 @@ so the one that non-members need not agree on in advance.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -41,7 +41,7 @@ class _Group(Protocol):
 G = TypeVar("G", bound=_Group)
 
 
-class Subgroups:
+class Subgroups(Generic[G]):
     """The subgroups made from one group.
 
     Args:
@@ -79,14 +79,14 @@ class Subgroups:
     ) -> tuple[G | None, list[G]]:
         """One group per list of this group's ranks; see ProcessGroup.partition."""
         if not parts:
-            raise InvalidArgumentError("partition: the list of parts cannot be empty")
+            raise InvalidArgumentError("partition: the list of parts cannot be empty (ranks_per_subgroup_list in torch)")
         owner: dict[int, list[int]] = {}
         for part in parts:
             for r in part:
                 if r in owner:
                     raise InvalidArgumentError(f"rank {r} appears in both subgroup {owner[r]} and {list(part)}")
                 owner[r] = list(part)
-        made = [self.new_group(part, timeout=timeout, name=name) for part in parts]
+        made: list[G] = [self.new_group(part, timeout=timeout, name=name) for part in parts]
         mine = next((g for g in made if g.rank >= 0), None)
         return mine, made
 

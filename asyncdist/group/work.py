@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import sys
 import threading
 from datetime import timedelta
 from typing import Any, Callable, Coroutine, Generator
@@ -28,7 +30,21 @@ from ..errors import OperationTimeoutError, WrongThreadError
 from ..gpu.callers import after_wait
 from ..engine.progress import WAIT_TIMEOUT, Progress, context_for
 
-__all__ = ["Work", "completed_future"]
+__all__ = ["Work", "completed_future", "create_task_in"]
+
+
+def create_task_in(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], context: contextvars.Context
+) -> asyncio.Task:
+    """``loop.create_task(coro)`` with the task running in ``context``.
+
+    Python 3.11 takes the context itself (``create_task(context=)``); on
+    3.10 the task runs in a copy of it, made inside it: the same values, so
+    what the operation registers in a shared object (its Progress) is seen.
+    """
+    if sys.version_info >= (3, 11):
+        return loop.create_task(coro, context=context)
+    return context.run(loop.create_task, coro)
 
 # Guards the lazy creation of a Work's event when several threads wait at once.
 _EVENT_LOCK = threading.Lock()
@@ -100,7 +116,7 @@ class Work:
         progress = Progress(rank, op)
         context = context_for(progress)
         coroutine = context.run(operation)
-        task = asyncio.get_running_loop().create_task(coroutine, context=context)
+        task = create_task_in(asyncio.get_running_loop(), coroutine, context)
         return cls(task, op, outputs, progress)
 
     @property

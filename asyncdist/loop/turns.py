@@ -51,6 +51,7 @@ import os
 import time
 from typing import Any, Coroutine, Mapping
 
+from ..group.work import create_task_in
 from .asyncio_internals import can_step, enter, leave, turn
 
 __all__ = ["Driver", "spin_seconds", "SPIN_ENV", "DEFAULT_SPIN_SECONDS"]
@@ -158,7 +159,7 @@ class Driver:
     def _run_as_task(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None) -> Any:
         loop = self._loop
         self.running = True
-        task = self._task = loop.create_task(coro, context=context)
+        task = self._task = loop.create_task(coro) if context is None else create_task_in(loop, coro, context)
         try:
             if self._cancel_requested:
                 task.cancel()

@@ -1,6 +1,6 @@
-"""The blocking facade: torch.distributed's functions over the await API.
+"""The blocking facade's lifecycle: init, destroy, and the process's one state.
 
-``import asyncdist as dist`` gives these functions, with torch.distributed's
+``import asyncdist as dist`` gives torch.distributed's functions, with its
 names, arguments and in-place semantics, so a script written for
 torch.distributed runs after changing its import. The facade holds no
 communication logic: each call runs the group's method on the
@@ -21,16 +21,17 @@ from datetime import timedelta
 from typing import Any
 
 from .backends import parse_backend
-from ..errors import AlreadyInitializedError, InvalidArgumentError, InvalidRankError, NotInitializedError
+from ..errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
 from ..group.process_group import ProcessGroup
 from ..loop.exits import call_at_exit
 from ..loop.thread import LoopThread
 from ..rendezvous.store import Store
 from ..rendezvous.store_threads import STORE_EXECUTOR
-from ..group.work import Work
 from ..group.world import init_world
 
 __all__ = [
+    "Group",
+    "NON_GROUP_MEMBER",
     "init_process_group",
     "destroy_process_group",
     "is_initialized",
@@ -38,11 +39,14 @@ __all__ = [
     "get_backend",
     "get_rank",
     "get_world_size",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
 ]
+
+#: What ``new_group`` returns on ranks outside the new group, as torch does
+#: (``GroupMember.NON_GROUP_MEMBER``); every facade call accepts it as ``group``.
+NON_GROUP_MEMBER = -100
+
+#: What every facade call takes as ``group``: a group, NON_GROUP_MEMBER, or None (the world).
+Group = ProcessGroup | int | None
 
 class _Runtime:
     """The facade's state for this process: one object, not scattered globals."""
@@ -144,7 +148,7 @@ def init_process_group(
     _runtime.generation += 1
 
 
-def destroy_process_group(group: ProcessGroup | None = None) -> None:
+def destroy_process_group(group: Group = None) -> None:
     """Close every connection of this process and stop every thread
     ``init_process_group`` started (the loop's, the store's).
 
@@ -154,6 +158,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """
     world = _world()
     target = _group(group)
+    if target is None:  # NON_GROUP_MEMBER: no group of this rank's
+        return
     if target is not world:  # a subgroup: forget it (its sockets are the world's)
         _portal().run(target.close(), what="destroy_process_group()")
         return
@@ -203,173 +209,54 @@ def _portal() -> LoopThread:
     return portal
 
 
-#: What ``new_group`` returns on ranks outside the new group, as torch does
-#: (``GroupMember.NON_GROUP_MEMBER``); every facade call accepts it as ``group``.
-NON_GROUP_MEMBER = -100
+def _group(group: Group) -> ProcessGroup | None:
+    """The group a facade call works on: the world for None; None for
+    ``NON_GROUP_MEMBER``, which names no group.
 
-
-class _NotAMember:
-    """What :func:`_group` gives for ``NON_GROUP_MEMBER``: a group this rank is not in."""
-
-    rank = size = -1
-    ranks: tuple[int, ...] = ()
-    name = "NON_GROUP_MEMBER"
-
-    async def close(self) -> None:
-        return None
-
-
-_NOT_A_MEMBER = _NotAMember()
-
-
-def _group(group: ProcessGroup | int | None) -> ProcessGroup:
-    """The group a facade call works on: the world for None, a non-member
-    stand-in (``rank == -1``) for ``NON_GROUP_MEMBER``."""
+    Raises:
+        NotInitializedError: before ``init_process_group``.
+        InvalidArgumentError: ``group`` is neither a group nor NON_GROUP_MEMBER.
+    """
+    world = _world()
     if group is None:
-        return _world()
+        return world
+    if isinstance(group, ProcessGroup):
+        return group
     if type(group) is int and group == NON_GROUP_MEMBER:
-        _world()
-        return _NOT_A_MEMBER  # type: ignore[return-value]
-    return group
+        return None
+    raise InvalidArgumentError(f"group must be a process group, GroupMember.NON_GROUP_MEMBER or None, got {group!r}")
 
 
-def _group_and_portal(group: ProcessGroup | int | None) -> tuple[ProcessGroup, LoopThread]:
-    """:func:`_group`'s group and the loop its calls run on, in one lookup:
+def _member(group: Group) -> ProcessGroup | None:
+    """:func:`_group`'s group if this rank is in it, else None: torch's calls
+    on a group a rank is not in return at once and touch nothing."""
+    g = _group(group)
+    return g if g is not None and g.rank >= 0 else None
+
+
+def _member_and_portal(group: Group) -> tuple[ProcessGroup | None, LoopThread]:
+    """:func:`_member`'s group and the loop its calls run on, in one lookup:
     every blocking call asks for both."""
     portal, world = _runtime.portal, _runtime.world
     if portal is None or world is None:  # set and cleared together
         raise _not_initialized()
-    return (world if group is None else _group(group)), portal
+    return (world if group is None else _member(group)), portal
 
 
-def get_backend(group: ProcessGroup | None = None) -> str:
+def get_backend(group: Group = None) -> str:
     """The backend name given to ``init_process_group`` ("asyncdist" for None)."""
     _group(group)
-    assert _runtime.backend is not None
+    assert _runtime.backend is not None  # set with the world
     return _runtime.backend
 
 
-def get_rank(group: ProcessGroup | None = None) -> int:
+def get_rank(group: Group = None) -> int:
     """This process's rank in ``group`` (default: the world); -1 if not a member."""
-    return _group(group).rank
+    g = _member(group)
+    return -1 if g is None else g.rank
 
 
-def get_world_size(group: ProcessGroup | None = None) -> int:
+def get_world_size(group: Group = None) -> int:
     """The number of ranks in ``group`` (default: the world); -1 if not a member."""
-    g = _group(group)
-    return g.size if g.rank >= 0 else -1
-
-
-def _group_peer(group: ProcessGroup, peer: int | None, group_peer: int | None, name: str) -> int | None:
-    """torch's rule: give the peer as a global rank or as a group rank, not both."""
-    if peer is not None and group_peer is not None:
-        raise InvalidArgumentError(f"Can only specify one of {name} or group_{name}")
-    if group_peer is not None:
-        return group_peer
-    if peer is None:
-        return None
-    if type(peer) is not int:
-        raise InvalidRankError(f"{name} must be an int rank, got {peer!r}")
-    return group.group_rank(peer)
-
-
-def _start(what: str, method: Any, *args: Any) -> Work:
-    return _portal().start(method, *args, what=what)
-
-
-def isend(
-    tensor: Any, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_dst: int | None = None
-) -> Work | None:
-    """Start sending ``tensor`` to ``dst``; returns a Work (None if this rank is not in ``group``).
-
-    Do not modify ``tensor`` before ``work.wait()`` returns.
-
-    Args:
-        tensor: a contiguous torch CPU tensor or NumPy array, any dtype.
-        dst: the destination's global rank (or give ``group_dst``).
-        group: the process group (default: the world).
-        tag: matches the receive's tag.
-        group_dst: the destination's rank within ``group``.
-    """
-    g = _group(group)
-    if g.rank < 0:
-        return None
-    return _start("isend()", g.isend, tensor, _destination(g, dst, group_dst), tag)
-
-
-def _destination(g: ProcessGroup, dst: int | None, group_dst: int | None) -> int:
-    target = _group_peer(g, dst, group_dst, "dst")
-    if target is None:
-        raise InvalidArgumentError("send needs dst or group_dst")
-    return target
-
-
-def irecv(
-    tensor: Any, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_src: int | None = None
-) -> Work | None:
-    """Start receiving into ``tensor`` from ``src`` (any rank if None); returns a Work
-    (None if this rank is not in ``group``)."""
-    g = _group(group)
-    if g.rank < 0:
-        return None
-    return _start("irecv()", g.irecv, tensor, _group_peer(g, src, group_src, "src"), tag)
-
-
-def send(
-    tensor: Any, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_dst: int | None = None
-) -> None:
-    """Send ``tensor`` to ``dst`` and return once ``tensor`` may be modified again.
-
-    Args:
-        tensor: a contiguous torch CPU tensor or NumPy array, any dtype.
-        dst: the destination's global rank (or give ``group_dst``).
-        group: the process group (default: the world).
-        tag: matches the receive's tag.
-        group_dst: the destination's rank within ``group``.
-
-    Raises:
-        InvalidRankError: ``dst`` is out of range or this rank.
-        UnsupportedBufferError: ``tensor`` is not contiguous or not on the CPU.
-        PeerLostError: the destination is gone.
-        OperationTimeoutError: not sent within the group's timeout.
-
-    Example::
-
-        tensor = torch.ones(4)
-        dist.send(tensor, dst=1)
-    """
-    g = _group(group)
-    if g.rank >= 0:  # one round trip to the loop thread
-        _portal().run(g.send(tensor, _destination(g, dst, group_dst), tag), what="send()")
-
-
-def recv(
-    tensor: Any, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0, group_src: int | None = None
-) -> int:
-    """Receive into ``tensor`` (in place) from ``src``, or from any rank if ``src`` is None.
-
-    Args:
-        tensor: the receive buffer; the message must have its dtype and
-            element count.
-        src: the sender's global rank (or give ``group_src``; None: any rank).
-        group: the process group (default: the world).
-        tag: matches the send's tag.
-        group_src: the sender's rank within ``group``.
-
-    Returns:
-        the sender's global rank (-1 if this rank is not in ``group``).
-
-    Raises:
-        BufferMismatchError: the message's dtype or size differs from ``tensor``'s.
-        PeerLostError, OperationTimeoutError: as for :func:`send`.
-
-    Example::
-
-        tensor = torch.zeros(4)
-        sender = dist.recv(tensor)   # from whoever sends first
-    """
-    g = _group(group)
-    if g.rank < 0:
-        return -1
-    sender = _portal().run(g.recv(tensor, _group_peer(g, src, group_src, "src"), tag), what="recv()")
-    return g.ranks[sender]
+    g = _member(group)
+    return -1 if g is None else g.size
