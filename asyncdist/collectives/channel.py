@@ -30,7 +30,8 @@ What an algorithm may rely on, whichever channel it runs over:
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import numpy as np
 
