@@ -35,7 +35,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -115,6 +115,10 @@ class InMemoryNetwork:
         # Keyed by (dst, src, tag); each deque is in posting (or sending) order.
         self._posted: dict[tuple[int, int, int], deque[PostedReceive]] = {}
         self._unmatched: dict[tuple[int, int, int], deque[_Message]] = {}
+        # For deadlock detection: the tasks that run the ranks (see watch) and
+        # the message each of them waits for.
+        self._ranks: list[asyncio.Task[Any]] = []
+        self._waiting: dict[asyncio.Task[Any], asyncio.Future[Any]] = {}
 
     def channel(self, rank: int, *, tag: int = 0) -> InMemoryChannel:
         """Rank ``rank``'s channel for the call numbered ``tag`` (calls with
@@ -141,6 +145,40 @@ class InMemoryNetwork:
             for m in queue
         ]
         return waiting + unmatched
+
+    def watch(self, ranks: list[asyncio.Task[Any]]) -> None:
+        """Detect deadlocks among ``ranks``, the tasks that run the ranks.
+
+        Once every one of them that has not finished waits for a message (or
+        for a send to be taken) that has not come, none of them will send
+        again: their waits fail at once with an
+        :class:`~asyncdist.errors.OperationTimeoutError` naming what each
+        waits for, instead of hanging.
+        """
+        self._ranks = ranks
+        for task in ranks:
+            task.add_done_callback(lambda _: self._fail_if_deadlocked())
+
+    async def wait(self, future: asyncio.Future[T]) -> T:
+        """Await a receive's or a send's ``future`` on behalf of the current task."""
+        task = asyncio.current_task()
+        if future.done() or task is None:
+            return await future
+        self._waiting[task] = future
+        try:
+            self._fail_if_deadlocked()
+            return await future
+        finally:
+            del self._waiting[task]
+
+    def _fail_if_deadlocked(self) -> None:
+        live = [task for task in self._ranks if not task.done()]
+        if not live or any(task not in self._waiting or self._waiting[task].done() for task in live):
+            return
+        what = "; ".join(self.pending())
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(OperationTimeoutError(f"deadlock in an in-memory group of {self.size}: {what}"))
 
     # -- what channels call ------------------------------------------------
 
@@ -252,7 +290,7 @@ class InMemoryChannel:
     async def wait_send(self, future: asyncio.Future[None] | None, peer: int) -> None:
         """Wait until a send to ``peer`` has been taken by its receive (by-memory links)."""
         if future is not None:
-            await future
+            await self._network.wait(future)
 
     def start_recv(self, buf: HostBuffer, peer: int, fold: Fold | None = None) -> PostedReceive:
         """Post a receive into ``buf`` from ``peer``, folding with ``fold`` if given.
@@ -272,7 +310,7 @@ class InMemoryChannel:
             BufferMismatchError: the message does not fit the receive buffer.
         """
         try:
-            return await recv.future
+            return await self._network.wait(recv.future)
         except asyncio.CancelledError:
             self.withdraw(recv)
             raise
@@ -326,7 +364,8 @@ async def run_ranks(
 
     Raises:
         Exception: the first error of a rank, by rank order (the others are cancelled).
-        OperationTimeoutError: ``timeout`` passed; names every receive still waiting.
+        OperationTimeoutError: the ranks deadlocked, or ``timeout`` passed
+            (a rank that waits for something else); names every receive still waiting.
         CollectiveMismatchError: every rank returned, but a message was left
             unreceived or a receive unmatched.
 
@@ -337,6 +376,7 @@ async def run_ranks(
     """
     network = InMemoryNetwork(size, by_memory=by_memory, fold_piece_bytes=fold_piece_bytes)
     tasks = [asyncio.ensure_future(algorithm(network.channel(rank))) for rank in range(size)]
+    network.watch(tasks)
     done, pending = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
     waiting = network.pending()  # before cancelling withdraws the receives
     for task in pending:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from asyncdist.buffers.host import as_host_buffer
 from asyncdist.collectives.in_memory import InMemoryChannel, InMemoryNetwork, run_ranks
-from asyncdist.errors import BufferMismatchError, CollectiveMismatchError, InvalidRankError, OperationTimeoutError
+from asyncdist.errors import (
+    BufferMismatchError,
+    CollectiveMismatchError,
+    InvalidRankError,
+    OperationTimeoutError,
+)
 from asyncdist.reduce.kernels import ReduceOp, folder
 
 
@@ -81,12 +88,23 @@ async def test_a_by_memory_link_hands_over_on_match_and_a_socket_link_copies_at_
     assert by_memory.done() and into_1.tolist() == [7, 7] and into_2.tolist() == [1, 2]
 
 
-async def test_ranks_that_wait_for_each_other_time_out_naming_their_receives() -> None:
+async def test_ranks_that_wait_for_each_other_fail_at_once_naming_what_they_wait_for() -> None:
     async def both_receive(channel: InMemoryChannel) -> None:
         await channel.recv(host(np.zeros(1)), 1 - channel.rank)
 
-    with pytest.raises(OperationTimeoutError, match="rank 0 waits for a message from rank 1"):
-        await run_ranks(2, both_receive, timeout=0.05)
+    with pytest.raises(OperationTimeoutError, match="deadlock.*rank 0 waits for a message from rank 1"):
+        await run_ranks(2, both_receive, timeout=60)
+
+
+async def test_a_rank_that_waits_for_something_else_times_out() -> None:
+    async def one_receives_one_sleeps(channel: InMemoryChannel) -> None:
+        if channel.rank == 0:
+            await channel.recv(host(np.zeros(1)), 1)
+        else:
+            await asyncio.Event().wait()
+
+    with pytest.raises(OperationTimeoutError, match="no progress in 0.05 s; rank 0 waits for a message from rank 1"):
+        await run_ranks(2, one_receives_one_sleeps, timeout=0.05)
 
 
 async def test_a_message_nobody_received_is_reported() -> None:
