@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..buffers.host import HostBuffer
 
 if TYPE_CHECKING:
-    from ..engine.channel import Channel
+    from .channel import Channel, Recv
 
 __all__ = ["dissemination_barrier"]
 
@@ -22,7 +22,7 @@ def _empty() -> HostBuffer:
     return HostBuffer(memoryview(bytearray()), "uint8", (0,))
 
 
-async def dissemination_barrier(channel: Channel) -> None:
+async def dissemination_barrier(channel: Channel[Recv]) -> None:
     """Return once every rank of the channel's group has entered the barrier."""
     rank, size = channel.rank, channel.size
     distance = 1

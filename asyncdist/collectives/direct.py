@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..buffers.host import HostBuffer
 
 if TYPE_CHECKING:
-    from ..engine.channel import Channel
+    from .channel import Channel, Recv
 
 __all__ = ["direct_gather", "direct_scatter", "direct_all_to_all"]
 
@@ -24,7 +24,7 @@ def copy_into(dst: HostBuffer, src: HostBuffer) -> None:
     dst.view[:] = src.view
 
 
-async def _exchange(channel: Channel, sends: dict[int, HostBuffer], receives: dict[int, HostBuffer]) -> None:
+async def _exchange(channel: Channel[Recv], sends: dict[int, HostBuffer], receives: dict[int, HostBuffer]) -> None:
     posted = {peer: channel.start_recv(buf, peer) for peer, buf in receives.items()}
     started = []
     try:
@@ -39,7 +39,7 @@ async def _exchange(channel: Channel, sends: dict[int, HostBuffer], receives: di
         await channel.wait_send(future, peer)
 
 
-async def direct_gather(channel: Channel, send: HostBuffer, slots: Sequence[HostBuffer] | None, root: int) -> None:
+async def direct_gather(channel: Channel[Recv], send: HostBuffer, slots: Sequence[HostBuffer] | None, root: int) -> None:
     """Every rank's ``send`` lands in the root's ``slots[rank]``."""
     if channel.rank == root:
         assert slots is not None
@@ -49,7 +49,7 @@ async def direct_gather(channel: Channel, send: HostBuffer, slots: Sequence[Host
         await channel.send(send, root)
 
 
-async def direct_scatter(channel: Channel, slots: Sequence[HostBuffer] | None, recv: HostBuffer, root: int) -> None:
+async def direct_scatter(channel: Channel[Recv], slots: Sequence[HostBuffer] | None, recv: HostBuffer, root: int) -> None:
     """The root's ``slots[rank]`` lands in every rank's ``recv``."""
     if channel.rank == root:
         assert slots is not None
@@ -59,7 +59,7 @@ async def direct_scatter(channel: Channel, slots: Sequence[HostBuffer] | None, r
         await channel.recv(recv, root)
 
 
-async def direct_all_to_all(channel: Channel, sends: Sequence[HostBuffer], receives: Sequence[HostBuffer]) -> None:
+async def direct_all_to_all(channel: Channel[Recv], sends: Sequence[HostBuffer], receives: Sequence[HostBuffer]) -> None:
     """``sends[j]`` of rank i lands in ``receives[i]`` of rank j."""
     rank = channel.rank
     copy_into(receives[rank], sends[rank])

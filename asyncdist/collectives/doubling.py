@@ -18,12 +18,12 @@ from ..reduce import kernels as ops
 from ..buffers.host import HostBuffer, scratch_buffer
 
 if TYPE_CHECKING:
-    from ..engine.channel import Channel
+    from .channel import Channel, Recv
 
 __all__ = ["recursive_doubling_all_reduce"]
 
 
-async def recursive_doubling_all_reduce(channel: Channel, buf: HostBuffer, op: object) -> None:
+async def recursive_doubling_all_reduce(channel: Channel[Recv], buf: HostBuffer, op: object) -> None:
     """All-reduce ``buf`` in place in ceil(log2 n) (+2 for odd sizes) rounds."""
     n, rank = channel.size, channel.rank
     if n == 1:

@@ -17,7 +17,7 @@ read from a same-host peer's memory is added while it is still in cache,
 and is never written to memory of its own.
 
 Chunks are a link's choice, the same at both of its ends (see
-:meth:`~asyncdist.engine.channel.Channel.by_memory`): :data:`CHUNK_BYTES` over a
+:meth:`~asyncdist.collectives.channel.Channel.by_memory`): :data:`CHUNK_BYTES` over a
 socket, where transfer and reduction overlap; :data:`MEMORY_CHUNK_BYTES`
 between ranks that read each other's memory, where the receiver does the
 copy itself, so there is nothing to overlap and every message only costs
@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..reduce import kernels as ops
 from ..buffers.host import ITEMSIZES, HostBuffer
-from ..engine.matching import PostedRecv
 from .direct import direct_gather, direct_scatter
 
 if TYPE_CHECKING:
-    from ..engine.channel import Channel
+    import asyncio
+
+    from .channel import Channel, Recv
 
 __all__ = [
     "CHUNK_BYTES",
@@ -75,7 +76,7 @@ def even_slots(buf: HostBuffer, parts: int) -> list[HostBuffer]:
     return slots
 
 
-def _chunk_elements(channel: Channel, dtype: str, peer: int, *, sending: bool) -> int:
+def _chunk_elements(channel: Channel[Recv], dtype: str, peer: int, *, sending: bool) -> int:
     """Elements per message on the link to (or from) group rank ``peer``."""
     nbytes = MEMORY_CHUNK_BYTES if channel.by_memory(peer, sending=sending) else CHUNK_BYTES
     return max(1, nbytes // ITEMSIZES[dtype])
@@ -100,12 +101,12 @@ def _incoming(slot: HostBuffer, in_elems: int, out_elems: int, relay: bool) -> l
     return result
 
 
-async def _wait_sends(channel: Channel, sends: list, peer: int) -> None:
+async def _wait_sends(channel: Channel[Recv], sends: list[asyncio.Future[None] | None], peer: int) -> None:
     for future in sends:
         await channel.wait_send(future, peer)
 
 
-async def ring_reduce_scatter(channel: Channel, slots: Sequence[HostBuffer], op: object) -> None:
+async def ring_reduce_scatter(channel: Channel[Recv], slots: Sequence[HostBuffer], op: object) -> None:
     """Reduce ``slots`` across ranks in place: afterwards ``slots[rank]`` holds
     the combination of every rank's ``slots[rank]`` (other slots: partial sums).
 
@@ -119,7 +120,7 @@ async def ring_reduce_scatter(channel: Channel, slots: Sequence[HostBuffer], op:
     out_elems = _chunk_elements(channel, dtype, right, sending=True)
     in_elems = _chunk_elements(channel, dtype, left, sending=False)
 
-    def post(step: int) -> list[tuple[PostedRecv, list[HostBuffer]]]:
+    def post(step: int) -> list[tuple[Recv, list[HostBuffer]]]:
         # Step s folds slot (rank - s - 2) from the left into this rank's.
         # That slot is sent on only after step s, and slot (rank - 1), sent
         # first, is never folded into: no slot changes while a peer reads it.
@@ -129,7 +130,7 @@ async def ring_reduce_scatter(channel: Channel, slots: Sequence[HostBuffer], op:
     first = slots[(rank - 1) % n]
     sends = [channel.start_send(first.elements(a, b), right) for a, b in _chunks(first.numel, out_elems)]
     ahead = post(0)
-    upcoming: list[tuple[PostedRecv, list[HostBuffer]]] = []
+    upcoming: list[tuple[Recv, list[HostBuffer]]] = []
     try:
         for step in range(n - 1):
             current, upcoming = ahead, (post(step + 1) if step + 1 < n - 1 else [])
@@ -144,7 +145,7 @@ async def ring_reduce_scatter(channel: Channel, slots: Sequence[HostBuffer], op:
     await _wait_sends(channel, sends, right)
 
 
-async def ring_all_gather(channel: Channel, slots: Sequence[HostBuffer]) -> None:
+async def ring_all_gather(channel: Channel[Recv], slots: Sequence[HostBuffer]) -> None:
     """Fill every slot from its owner: ``slots[rank]`` holds this rank's data
     on entry; afterwards every ``slots[i]`` holds rank ``i``'s."""
     n, rank = channel.size, channel.rank
@@ -174,14 +175,14 @@ async def ring_all_gather(channel: Channel, slots: Sequence[HostBuffer]) -> None
     await _wait_sends(channel, sends, right)
 
 
-async def ring_all_reduce(channel: Channel, buf: HostBuffer, op: object) -> None:
+async def ring_all_reduce(channel: Channel[Recv], buf: HostBuffer, op: object) -> None:
     """All-reduce ``buf`` in place: reduce-scatter, then all-gather."""
     slots = even_slots(buf, channel.size)
     await ring_reduce_scatter(channel, slots, op)
     await ring_all_gather(channel, slots)
 
 
-async def scatter_ring_broadcast(channel: Channel, buf: HostBuffer, root: int) -> None:
+async def scatter_ring_broadcast(channel: Channel[Recv], buf: HostBuffer, root: int) -> None:
     """Broadcast for large messages (van de Geijn): the root scatters one slot
     to each rank, then a ring all-gather completes every copy. Each link
     carries about ``2S`` instead of a tree's ``S log2 n`` at the root."""
@@ -190,7 +191,7 @@ async def scatter_ring_broadcast(channel: Channel, buf: HostBuffer, root: int) -
     await ring_all_gather(channel, slots)
 
 
-async def ring_reduce(channel: Channel, buf: HostBuffer, root: int, op: object) -> None:
+async def ring_reduce(channel: Channel[Recv], buf: HostBuffer, root: int, op: object) -> None:
     """Reduce for large messages (Rabenseifner): ring reduce-scatter, then the
     root gathers the finished slots. ``buf`` is every rank's accumulator."""
     slots = even_slots(buf, channel.size)

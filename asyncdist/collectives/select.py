@@ -17,7 +17,7 @@ from .ring import ring_all_reduce, ring_reduce, scatter_ring_broadcast
 from .tree import binomial_broadcast, binomial_reduce
 
 if TYPE_CHECKING:
-    from ..engine.channel import Channel
+    from .channel import Channel, Recv
 
 __all__ = ["all_reduce", "broadcast", "reduce", "SMALL_MESSAGE_BYTES", "SCATTER_BROADCAST_MIN_RANKS"]
 
@@ -32,21 +32,21 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 SCATTER_BROADCAST_MIN_RANKS = 8
 
 
-def all_reduce(channel: Channel, buf: HostBuffer, op: object) -> Awaitable[None]:
+def all_reduce(channel: Channel[Recv], buf: HostBuffer, op: object) -> Awaitable[None]:
     """All-reduce ``buf`` in place."""
     if buf.nbytes < SMALL_MESSAGE_BYTES or buf.numel < channel.size:
         return recursive_doubling_all_reduce(channel, buf, op)
     return ring_all_reduce(channel, buf, op)
 
 
-def broadcast(channel: Channel, buf: HostBuffer, root: int) -> Awaitable[None]:
+def broadcast(channel: Channel[Recv], buf: HostBuffer, root: int) -> Awaitable[None]:
     """Broadcast the root's ``buf``."""
     if buf.nbytes < SMALL_MESSAGE_BYTES or channel.size < SCATTER_BROADCAST_MIN_RANKS:
         return binomial_broadcast(channel, buf, root)
     return scatter_ring_broadcast(channel, buf, root)
 
 
-def reduce(channel: Channel, buf: HostBuffer, root: int, op: object) -> Awaitable[None]:
+def reduce(channel: Channel[Recv], buf: HostBuffer, root: int, op: object) -> Awaitable[None]:
     """Reduce every rank's ``buf`` (an accumulator) into the root's."""
     if buf.nbytes < SMALL_MESSAGE_BYTES or channel.size <= 2:
         return binomial_reduce(channel, buf, root, op)

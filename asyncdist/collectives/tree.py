@@ -16,7 +16,7 @@ from ..buffers.host import HostBuffer
 from ..buffers.scratch import pool
 
 if TYPE_CHECKING:
-    from ..engine.channel import Channel
+    from .channel import Channel, Recv
 
 __all__ = ["binomial_broadcast", "binomial_reduce"]
 
@@ -40,7 +40,7 @@ def _parent_and_children(relative: int, n: int) -> tuple[int | None, list[int]]:
     return parent, children
 
 
-async def binomial_broadcast(channel: Channel, buf: HostBuffer, root: int) -> None:
+async def binomial_broadcast(channel: Channel[Recv], buf: HostBuffer, root: int) -> None:
     """Copy the root's ``buf`` into every rank's ``buf``."""
     n, rank = channel.size, channel.rank
     parent, children = _parent_and_children((rank - root) % n, n)
@@ -51,7 +51,7 @@ async def binomial_broadcast(channel: Channel, buf: HostBuffer, root: int) -> No
         await channel.wait_send(future, peer)
 
 
-async def binomial_reduce(channel: Channel, buf: HostBuffer, root: int, op: object) -> None:
+async def binomial_reduce(channel: Channel[Recv], buf: HostBuffer, root: int, op: object) -> None:
     """Combine every rank's ``buf`` into the root's ``buf``.
 
     Ranks other than the root use ``buf`` as their accumulator: the caller
