@@ -12,13 +12,13 @@ from datetime import timedelta
 
 from .errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_TIMEOUT", "seconds"]
+__all__ = ["DEFAULT_TIMEOUT", "as_seconds"]
 
 #: torch.distributed's default timeout for process groups (30 minutes).
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 
-def seconds(timeout: timedelta | float | None, *, default: float, what: str, positive: bool = True) -> float:
+def as_seconds(timeout: timedelta | float | None, *, default: float, what: str, positive: bool = True) -> float:
     """``timeout`` in seconds; None gives ``default``.
 
     Args:

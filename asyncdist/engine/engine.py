@@ -264,6 +264,9 @@ class Engine:
         if self.closed:
             return
         self.closed = True
+        # First: while the goodbyes drain, a peer closes its end, and that loss
+        # must not be what this rank's own receives report.
+        self._mailbox.fail_all(ClosedError(f"rank {self.rank}: the process group was destroyed"))
         await self._heartbeat.stop()
         bye = encode_header(Header(Kind.BYE, 0, self.rank, 0, 0, "uint8", (), 0))
         drains = []
@@ -278,10 +281,8 @@ class Engine:
                 await asyncio.wait_for(asyncio.gather(*drains, return_exceptions=True), _CLOSE_DRAIN_SECONDS)
             except asyncio.TimeoutError:
                 log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
-        closed = ClosedError(f"rank {self.rank}: the process group was destroyed")
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
-        self._mailbox.fail_all(closed)
         await self._mesh.close()
         if self._all_connected is not None and not self._all_connected.done():
             self._all_connected.cancel()

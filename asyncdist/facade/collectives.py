@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable, Coroutine, Sequence
 
 from ..errors import OperationTimeoutError
-from ..timeouts import seconds as as_seconds
+from ..timeouts import as_seconds
 from .lifecycle import Group, _member_and_portal
 from ..group.process_group import ProcessGroup
 from ..group.work import Work

@@ -31,7 +31,7 @@ import numpy as np
 from ..buffers.host import as_host_buffer
 from ..engine.channel import Channel, wait_until
 from ..errors import AsyncDistError, OperationTimeoutError
-from ..timeouts import seconds as as_seconds
+from ..timeouts import as_seconds
 from .calls import Calls
 
 __all__ = ["Monitor"]

@@ -342,12 +342,22 @@ class ProcessGroup:
         self._closers.append(closer)
 
     async def close(self) -> None:
-        """Release what this group owns (for the world group: the engine and store)."""
+        """Release what this group owns (for the world group: the engine and store).
+
+        Every closer runs, newest first, even when one fails; the first
+        failure is raised after the last closer.
+        """
         closers, self._closers = self._closers, []
+        failure: BaseException | None = None
         for closer in reversed(closers):
-            result = closer()
-            if inspect.isawaitable(result):
-                await result
+            try:
+                result = closer()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     async def __aenter__(self) -> ProcessGroup:
         return self

@@ -25,7 +25,7 @@ from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ..timeouts import seconds as as_seconds
+from ..timeouts import as_seconds
 from .calls import Calls
 
 __all__ = ["Subgroups"]
@@ -65,7 +65,7 @@ class Subgroups(Generic[G]):
         m = self._members
         members = list(range(m.size)) if ranks is None else list(ranks)
         for r in members:
-            m.check(r, "new_group: rank")
+            m.check(r, "rank")
         seconds = as_seconds(timeout, default=self._calls.timeout, what="new_group: timeout")
         self._made += 1
         child = self._make([m.ranks[r] for r in members], name or f"{m.name}/{self._made}", seconds)
@@ -81,8 +81,9 @@ class Subgroups(Generic[G]):
         if not parts:
             raise InvalidArgumentError("partition: the list of parts cannot be empty (ranks_per_subgroup_list in torch)")
         owner: dict[int, list[int]] = {}
-        for part in parts:
+        for part in parts:  # every part checked before any group is made
             for r in part:
+                self._members.check(r, "rank")
                 if r in owner:
                     raise InvalidArgumentError(f"rank {r} appears in both subgroup {owner[r]} and {list(part)}")
                 owner[r] = list(part)

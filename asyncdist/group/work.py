@@ -27,6 +27,7 @@ from typing import Any, Callable, Coroutine, Generator
 
 from .._torch import torch_or_none
 from ..errors import OperationTimeoutError, WrongThreadError
+from ..timeouts import as_seconds
 from ..gpu.callers import after_wait
 from ..engine.progress import WAIT_TIMEOUT, Progress, context_for
 
@@ -166,9 +167,8 @@ class Work:
                 raise WrongThreadError(
                     f"Work.wait() for {self._op} was called on the event loop's thread; use 'await work' there"
                 )
-            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-            if seconds == 0:  # torch: a zero timeout means no limit
-                seconds = None
+            # torch: no timeout, or a zero one, means no limit.
+            seconds = as_seconds(timeout, default=0.0, what="Work.wait: timeout", positive=False) or None
             event = self._waiter_event()
             # The done-callback may have run before the event existed; it runs
             # only after the future is done, so check again.

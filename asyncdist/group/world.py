@@ -17,7 +17,7 @@ import asyncio
 from datetime import timedelta
 
 from ..timeouts import DEFAULT_TIMEOUT
-from ..timeouts import seconds as as_seconds
+from ..timeouts import as_seconds
 from .process_group import ProcessGroup
 from .bootstrap import bootstrap
 from ..rendezvous.init_method import resolve

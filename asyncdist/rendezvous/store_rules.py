@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any, Iterable
 
 from ..errors import InvalidArgumentError
-from ..timeouts import seconds
+from ..timeouts import as_seconds
 
 __all__ = [
     "MAX_TIMEOUT_S",
@@ -70,7 +70,7 @@ def timeout_seconds(timeout: timedelta | float | None, default: float) -> float:
     Raises:
         InvalidArgumentError: ``timeout`` is negative or not a duration.
     """
-    return min(seconds(timeout, default=default, what="store timeout", positive=False), MAX_TIMEOUT_S)
+    return min(as_seconds(timeout, default=default, what="store timeout", positive=False), MAX_TIMEOUT_S)
 
 
 def as_key(key: Any) -> str:
