@@ -324,7 +324,7 @@ _PG_OBJECTS = [
     "broadcast_object_list", "all_gather_object", "gather_object",
     "scatter_object_list", "send_object_list", "recv_object_list",
 ]  # fmt: skip
-_PG_LIFETIME = ["new_group", "subgroups", "channel", "on_close", "close"]
+_PG_LIFETIME = ["new_group", "partition", "split", "channel", "on_close", "close"]
 
 SECTIONS: list[Section] = [
     (
