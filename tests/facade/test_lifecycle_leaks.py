@@ -32,10 +32,13 @@ def _asyncdist_threads() -> list[str]:
 
 
 def _cycle(init_method: str | None = None, world_size: int = -1, rank: int = -1) -> None:
+    # Threads of asyncdist's that other tests of this process left (a reader
+    # of peers' memory, say) are not this init's to stop.
+    before = set(threading.enumerate())
     dist.init_process_group(init_method=init_method, world_size=world_size, rank=rank)
     assert dist.is_initialized()
     dist.destroy_process_group()
-    left = _asyncdist_threads()
+    left = sorted(t.name for t in threading.enumerate() if t not in before and t.name.startswith("asyncdist"))
     assert not left, f"threads still running after destroy_process_group: {left}"
 
 
