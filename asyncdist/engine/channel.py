@@ -193,7 +193,7 @@ class Channel:
             AsyncDistError: the algorithm's error.
         """
         try:
-            return await algorithm
+            result = await algorithm
         except AsyncDistError as error:
             self.fail(error, relay=relay)
             raise
@@ -205,6 +205,12 @@ class Channel:
             self.closed = True
             if self._on_close is not None:
                 self._on_close(self.seq)
+        # A part that only sends can finish after its call failed here (an
+        # ABORT, a disagreement detected on arrival): it failed all the same.
+        failed = self._engine.call_error(self._ctx, self.seq)
+        if failed is not None:
+            raise failed
+        return result
 
     def fail(self, error: AsyncDistError, *, relay: bool = True) -> None:
         """Mark the call failed on this rank: its receives fail, its late

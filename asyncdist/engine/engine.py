@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
 from ..buffers.host import HostBuffer
@@ -81,6 +81,7 @@ class Engine:
         self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._peer_lost)
         self._all_connected: asyncio.Future | None = None
         self._next_context = 0
+        self._abort_watchers: dict[int, Callable[[int, AsyncDistError], None]] = {}
         self.closed = False
         self.address: tuple[str, int] | None = None
 
@@ -182,6 +183,35 @@ class Engine:
         self._mailbox.post(recv, self._losses.fatal_for(recv))
         return recv
 
+    def watch(
+        self,
+        ctx: int,
+        *,
+        unmatched: Callable[[Header], bool] | None = None,
+        aborted: Callable[[int, AsyncDistError], None] | None = None,
+    ) -> None:
+        """Hooks of a group's calls into context ``ctx`` (loop thread).
+
+        Args:
+            unmatched: asked about each message of ``ctx`` that no receive
+                takes, as it arrives: True keeps it queued, False drops it
+                (see :meth:`Mailbox.screen`).
+            aborted: told of each ABORT for a call (tag) of ``ctx`` that had
+                not failed here, also one for a call that has finished here.
+        """
+        if unmatched is not None:
+            self._mailbox.screen(ctx, unmatched)
+        if aborted is not None:
+            self._abort_watchers[ctx] = aborted
+
+    def take_queued(self, ctx: int, tag: int) -> list[Header]:
+        """Remove and return the headers of the unexpected messages of call (ctx, tag)."""
+        return self._mailbox.take_queued(ctx, tag)
+
+    def call_error(self, ctx: int, tag: int) -> AsyncDistError | None:
+        """The error call (ctx, tag) failed with here (an ABORT, a detected mismatch), or None."""
+        return self._mailbox.call_error(ctx, tag)
+
     def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
         """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
         later, and its messages, queued or still to come, are dropped."""
@@ -226,7 +256,12 @@ class Engine:
         if header.kind == Kind.BYE:
             self._peer_lost(rank, PeerLostError(f"rank {rank} closed its process group", rank), orderly=True)
         elif header.kind == Kind.ABORT:
-            self.fail_call(header.ctx, header.tag, error_from_abort(header))
+            error = error_from_abort(header)
+            failed_here = self._mailbox.call_error(header.ctx, header.tag) is not None
+            self.fail_call(header.ctx, header.tag, error)
+            watcher = self._abort_watchers.get(header.ctx)
+            if watcher is not None and not failed_here:
+                watcher(header.tag, error)
         elif header.kind == Kind.DONE:
             connection = self._connections.get(rank)
             if connection is not None:  # else: it came after the peer's BYE, in the same read

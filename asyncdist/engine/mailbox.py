@@ -63,6 +63,20 @@ class Mailbox:
         self.rank = rank
         self._matcher = Matcher()
         self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
+        self._screens: dict[int, Callable[[Header], bool]] = {}
+
+    def screen(self, ctx: int, keep: Callable[[Header], bool]) -> None:
+        """Ask ``keep(header)`` about every message of ``ctx`` that no receive
+        takes, as its header arrives: True queues it as unexpected, False drops it.
+
+        For contexts whose messages no receive is ever posted for (a group's
+        root announcements): the screen checks each one on arrival.
+        """
+        self._screens[ctx] = keep
+
+    def take_queued(self, ctx: int, tag: int) -> list[Header]:
+        """Remove and return the headers of the unexpected messages of call (ctx, tag)."""
+        return [inbound.header for inbound in self._matcher.take_call_messages(ctx, tag)]
 
     def post(self, recv: PostedRecv, lost: AsyncDistError | None) -> None:
         """Match ``recv`` with the earliest unexpected message that fits, or
@@ -81,6 +95,10 @@ class Mailbox:
     def cancel(self, recv: PostedRecv) -> bool:
         """Withdraw a receive that has not matched yet; True if it was withdrawn."""
         return self._matcher.unpost(recv)
+
+    def call_error(self, ctx: int, tag: int) -> AsyncDistError | None:
+        """The error call (ctx, tag) was marked failed with here, if it was (and is still remembered)."""
+        return self._aborted.get((ctx, tag))
 
     def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
         """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
@@ -132,6 +150,9 @@ class Mailbox:
             recv.future.set_exception(error)  # the payload is read and dropped
             return Inbound(header, np.empty(header.nbytes, np.uint8))
         inbound = Inbound(header, pool.take_bytes(header.nbytes))
+        screen = self._screens.get(header.ctx)
+        if screen is not None and not screen(header):
+            return inbound  # read and dropped
         if (header.ctx, header.tag) not in self._aborted:  # else: read and dropped
             self._matcher.add_unexpected(inbound)
         return inbound

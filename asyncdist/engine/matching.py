@@ -180,6 +180,14 @@ class Matcher:
             while self._pop_unexpected(key) is not None:
                 pass
 
+    def take_call_messages(self, ctx: int, tag: int) -> list[Inbound]:
+        """Remove and return every unexpected message of one call (ctx, tag)."""
+        taken: list[Inbound] = []
+        for key in [k for k in self._unexpected if k[0] == ctx and k[2] == tag]:
+            while (inbound := self._pop_unexpected(key)) is not None:
+                taken.append(inbound)
+        return taken
+
     def take_stale(self, ctx: int, below_tag: int) -> Inbound | None:
         """Remove and return an unexpected message in ``ctx`` whose tag is below
         ``below_tag`` (a collective call that no receive of this rank expected)."""

@@ -14,6 +14,25 @@ Call numbers start at 1: the first collective a user makes is "call #1".
 The world group's startup barrier, which ``init_world`` runs before
 returning, is call #0 (``first_call=0``).
 
+**Roots are agreed, or every member learns they are not.** A rank of a
+broadcast, reduce, gather or scatter that names another root than the
+others would otherwise diverge in silence (two ranks that each broadcast
+their own tensor) or wait until the timeout (two ranks that each wait for
+the other's). So a rooted call *announces* itself: each rank sends its
+call's description, root included, in a zero-byte message of the group's
+announcement context, to the root it names, and the root sends it to every
+other member. No receive is ever posted there; the engine hands each
+announcement to :meth:`Calls._announcement` as it arrives, which compares it
+with this rank's description of the same call (or keeps it until this rank
+opens that call). If the ranks disagree, some rank receives an announcement
+that differs from its own: a rank that names another root than itself hears
+from a rank that names it, unless every rank named by another names itself,
+and then those roots' announcements reach every rank. That rank fails the
+call and tells the others (an ABORT); a rank whose part of the call had
+already completed raises at its next operation of the group. Cost, when the
+ranks agree: one zero-byte message per rank, n - 1 from the root, none
+waited for.
+
 Loop thread only.
 """
 
@@ -22,16 +41,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
 from ..engine.channel import Channel, wait_until
 from ..engine.engine import Engine
 from ..engine.progress import Message, Progress, timeout_message
-from ..errors import AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError
+from ..errors import (
+    AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError, PeerLostError,
+)
+from ..wire.frames import Header, Kind
 from .members import Members
 from .work import Work
 
 __all__ = ["Calls", "CallReservation"]
+
+# Descriptions of finished calls kept, to check announcements that arrive
+# late: a rank is at most a few calls ahead of another (each rooted call
+# waits for its root), so this many is generous.
+_REMEMBERED_CALLS = 256
 
 # (Calls, call numbers) the running task's next channels take; see CallReservation.
 _RESERVED: contextvars.ContextVar[tuple[Calls, list[int]] | None] = contextvars.ContextVar(
@@ -99,21 +127,33 @@ class Calls:
         self.timeout = timeout
         self.p2p_context = engine.new_context()
         self.collective_context = engine.new_context()
+        self.announcement_context = engine.new_context()
         self._last = first_call - 1  # the number of the latest call taken
         self._open: set[int] = set()  # numbered here and not yet finished
+        self._described: OrderedDict[int, str] = OrderedDict()  # call -> its description here
+        self._late: AsyncDistError | None = None  # raised by the next call (see _aborted)
+        engine.watch(self.announcement_context, unmatched=self._announcement)
+        engine.watch(self.collective_context, aborted=self._aborted)
 
     # -- numbering -----------------------------------------------------------------
 
-    def channel(self, op: str) -> Channel:
+    def channel(self, op: str, root: int | None = None) -> Channel:
         """Open the channel of the next collective call; ``op`` describes the call.
 
         Every member must make its collective calls in the same order: the
         n-th call of each rank is matched with the n-th of the others.
 
+        Args:
+            op: the call's description, root included ("broadcast(src=1, float32[4])").
+            root: the group rank of a rooted call's root (see the module
+                docstring: the call is announced); None for the others.
+
         Raises:
             InvalidRankError: this process is not a member.
             CollectiveMismatchError: a message of a call this rank has
-                finished is still unclaimed: the ranks disagreed about it.
+                finished is still unclaimed, an announcement of this call
+                differs from this rank's, or a call that completed here failed
+                elsewhere because the ranks disagreed about it.
         """
         self.members.check_member()
         # A message of a call that this rank has closed, and that no receive
@@ -121,15 +161,17 @@ class Calls:
         # here (numbered, not finished) may legitimately have early messages.
         stale = self.engine.take_stale(self.collective_context, min(self._open, default=self._last + 1))
         seq = self._next()
+        self._described[seq] = op
+        while len(self._described) > _REMEMBERED_CALLS:
+            self._described.popitem(last=False)
         channel = self._channel(seq, op, on_close=self._open.discard)
-        if stale is not None:
-            error = CollectiveMismatchError(
-                f"rank {self.members.me}: rank {stale.src} sent a message for {stale.op} (call #{stale.seq} in "
-                f"group {self.members.name!r}) that no call of this rank expected; the ranks disagreed about that call"
-            )
+        error = self._take_late() or self._stale_error(stale) or self._disagreement(seq, op)
+        if error is not None:
             channel.fail(error)  # the other members of this call learn of it now
             self._open.discard(seq)
             raise error
+        if root is not None:
+            self._announce(seq, op, root)
         return channel
 
     def reserve(self, count: int) -> CallReservation:
@@ -147,8 +189,86 @@ class Calls:
         self._open.update(seqs)
         return CallReservation(self, seqs)
 
+    # -- disagreement -------------------------------------------------------------
+
+    def _stale_error(self, stale: Header | None) -> CollectiveMismatchError | None:
+        if stale is None:
+            return None
+        return CollectiveMismatchError(
+            f"rank {self.members.me}: rank {stale.src} sent a message for {stale.op} (call #{stale.seq} in "
+            f"group {self.members.name!r}) that no call of this rank expected; the ranks disagreed about that call"
+        )
+
+    def _disagreement(self, seq: int, op: str) -> CollectiveMismatchError | None:
+        """The first announcement of call ``seq`` that arrived before it opened here and differs from ``op``."""
+        for header in self.engine.take_queued(self.announcement_context, seq):
+            if header.op != op:
+                return self._mismatch(seq, op, header)
+        return None
+
+    def _mismatch(self, seq: int, op: str, header: Header) -> CollectiveMismatchError:
+        return CollectiveMismatchError(
+            f"ranks disagree in collective call #{seq} of group {self.members.name!r}: rank {self.members.me} "
+            f"called {op}, rank {header.src} called {header.op}"
+        )
+
+    def _announce(self, seq: int, op: str, root: int) -> None:
+        """Tell the root this rank names (or, as the root, every other member) about call ``seq``."""
+        m = self.members
+        header = Header(Kind.DATA, self.announcement_context, m.me, seq, seq, "uint8", (0,), 0, op)
+        peers = [r for r in range(m.size) if r != m.rank] if root == m.rank else [root]
+        for peer in peers:
+            try:
+                self.engine.send(m.ranks[peer], header, None)
+            except PeerLostError:
+                pass  # the call itself fails on the loss
+
+    def _announcement(self, header: Header) -> bool:
+        """An announcement arrived (engine hook): True to keep it until this rank opens its call."""
+        seq = header.tag
+        mine = self._described.get(seq)
+        if mine is None:
+            return seq > self._last or seq in self._open  # not opened here yet (or reserved)
+        if header.op != mine:
+            error = self._mismatch(seq, mine, header)
+            # Fail it everywhere; if it completed here, on a root other ranks
+            # did not name, the next call fails too.
+            completed = seq not in self._open
+            self.fail_call(seq, error)
+            if completed:
+                self._completed_wrongly(error)
+        return False
+
+    def _aborted(self, seq: int, error: AsyncDistError) -> None:
+        """An ABORT for call ``seq`` arrived (engine hook). A call that completed
+        here and failed elsewhere because the ranks disagreed about it is
+        raised by this rank's next call: its result here may be wrong. (One
+        that timed out or lost a peer elsewhere left a right result here.)"""
+        completed_here = seq <= self._last and seq not in self._open
+        if completed_here and isinstance(error, CollectiveMismatchError):
+            self._completed_wrongly(
+                CollectiveMismatchError(
+                    f"rank {self.members.me}: collective call #{seq} of group {self.members.name!r} completed here "
+                    f"but failed on another rank: {error}"
+                )
+            )
+
+    def _completed_wrongly(self, error: CollectiveMismatchError) -> None:
+        """A call that completed here was one the ranks disagreed about: fail
+        the calls open now (the next ones), or else the next call to open."""
+        if self._open:
+            for seq in sorted(self._open):
+                self.fail_call(seq, error)
+        elif self._late is None:
+            self._late = error
+
+    def _take_late(self) -> AsyncDistError | None:
+        late, self._late = self._late, None
+        return late
+
     def fail_call(self, seq: int, error: AsyncDistError) -> None:
-        """Fail call ``seq`` here and on every other member (an ABORT), without running it."""
+        """Fail call ``seq`` here and on every other member (an ABORT), whether
+        it runs, has not started or has finished here."""
         self._channel(seq, "device operation").fail(error)
         self._open.discard(seq)
 

@@ -73,7 +73,7 @@ class Collectives:
         """Copy group rank ``src``'s ``tensor`` into every rank's ``tensor``."""
         root = self._root(src, "src")
         buf, write_back = staged(tensor, writable=True)
-        channel = self._calls.channel(f"broadcast(src={root}, {signature(buf.dtype, buf.shape)})")
+        channel = self._calls.channel(f"broadcast(src={root}, {signature(buf.dtype, buf.shape)})", root)
         await channel.run(select.broadcast(channel, buf, root))
         write_back()
 
@@ -116,7 +116,7 @@ class Collectives:
         root = self._root(dst, "dst")
         buf, write_back = staged(tensor, writable=(self.rank == root))
         ops.check_op(op, buf.dtype)
-        channel = self._calls.channel(f"reduce(dst={root}, {ops.op_name(op)}, {signature(buf.dtype, buf.shape)})")
+        channel = self._calls.channel(f"reduce(dst={root}, {ops.op_name(op)}, {signature(buf.dtype, buf.shape)})", root)
         if self.rank != root:
             accumulator = scratch_buffer(buf.dtype, buf.numel)
             copy_into(accumulator, buf)
@@ -166,7 +166,7 @@ class Collectives:
             _same_layout(slots, send, "gather_list")
         elif gather_list:
             raise InvalidArgumentError(f"gather_list must be None or empty on ranks other than dst={root}")
-        channel = self._calls.channel(f"gather(dst={root}, {signature(send.dtype, send.shape)})")
+        channel = self._calls.channel(f"gather(dst={root}, {signature(send.dtype, send.shape)})", root)
         await channel.run(direct_gather(channel, send, slots, root))
         _write_back(writebacks)
 
@@ -180,7 +180,7 @@ class Collectives:
             _same_layout(slots, out, "scatter_list")
         elif scatter_list:
             raise InvalidArgumentError(f"scatter_list must be None or empty on ranks other than src={root}")
-        channel = self._calls.channel(f"scatter(src={root}, {signature(out.dtype, out.shape)})")
+        channel = self._calls.channel(f"scatter(src={root}, {signature(out.dtype, out.shape)})", root)
         await channel.run(direct_scatter(channel, slots, out, root))
         write_back()
 
