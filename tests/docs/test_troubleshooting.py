@@ -79,7 +79,7 @@ def _spelled(part: str) -> bool:
         return True
     words = part.split()
     return any(" ".join(words[:i]) in SOURCE and " ".join(words[i:]) in SOURCE
-               for i in range(2, len(words) - 1))
+               for i in range(3, len(words) - 2))
 
 
 @pytest.mark.parametrize("name, message", MESSAGES, ids=[f"{n}: {m[:50]}" for n, m in MESSAGES])
