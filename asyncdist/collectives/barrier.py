@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..buffers.host import HostBuffer
+from .channel import sendrecv
 
 if TYPE_CHECKING:
     from .channel import Channel, Recv
@@ -27,5 +28,5 @@ async def dissemination_barrier(channel: Channel[Recv]) -> None:
     rank, size = channel.rank, channel.size
     distance = 1
     while distance < size:
-        await channel.sendrecv(_empty(), (rank + distance) % size, _empty(), (rank - distance) % size)
+        await sendrecv(channel, _empty(), (rank + distance) % size, _empty(), (rank - distance) % size)
         distance *= 2

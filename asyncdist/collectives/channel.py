@@ -37,7 +37,7 @@ import numpy as np
 
 from ..buffers.host import HostBuffer
 
-__all__ = ["Channel", "Fold", "Recv"]
+__all__ = ["Channel", "Fold", "Recv", "sendrecv"]
 
 #: ``fold(piece, offset)``: combine ``piece`` (a uint8 array of whole
 #: elements) into a receive buffer at byte ``offset`` instead of the bytes
@@ -133,6 +133,15 @@ class Channel(Protocol[Recv]):
         """Receive into ``buf`` from group rank ``peer`` and wait for it."""
         ...
 
-    async def sendrecv(self, send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int) -> object:
-        """Send ``send_buf`` to ``dst`` and receive ``recv_buf`` from ``src`` at once."""
-        ...
+
+async def sendrecv(channel: Channel[Recv], send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int) -> None:
+    """Send ``send_buf`` to ``dst`` and receive into ``recv_buf`` from ``src`` at
+    once, over any Channel (no extra tasks); the receive is withdrawn if the send fails."""
+    sending = channel.start_send(send_buf, dst)
+    receiving = channel.start_recv(recv_buf, src)
+    try:
+        await channel.wait_send(sending, dst)
+    except BaseException:
+        channel.withdraw(receiving)
+        raise
+    await channel.wait_recv(receiving, src)

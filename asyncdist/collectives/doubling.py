@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..reduce import kernels as ops
 from ..buffers.host import HostBuffer, scratch_buffer
+from .channel import sendrecv
 
 if TYPE_CHECKING:
     from .channel import Channel, Recv
@@ -47,7 +48,7 @@ async def recursive_doubling_all_reduce(channel: Channel[Recv], buf: HostBuffer,
     while mask < pof2:
         partner_virtual = virtual ^ mask
         partner = partner_virtual * 2 + 1 if partner_virtual < extra else partner_virtual + extra
-        await channel.sendrecv(buf, partner, incoming, partner)
+        await sendrecv(channel, buf, partner, incoming, partner)
         ops.combine(op, buf, incoming)
         mask <<= 1
 

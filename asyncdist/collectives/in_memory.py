@@ -327,17 +327,6 @@ class InMemoryChannel:
         """Receive into ``buf`` from ``peer``."""
         return await self.wait_recv(self.start_recv(buf, peer), peer)
 
-    async def sendrecv(self, send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int) -> Envelope:
-        """Send to ``dst`` and receive from ``src`` at once."""
-        sending = self.start_send(send_buf, dst)
-        receiving = self.start_recv(recv_buf, src)
-        try:
-            await self.wait_send(sending, dst)
-        except BaseException:
-            self.withdraw(receiving)
-            raise
-        return await self.wait_recv(receiving, src)
-
     def _check_peer(self, peer: int) -> None:
         if peer == self.rank:
             raise InvalidRankError(f"rank {peer} sends or receives a message of its own (an algorithm copies locally)")

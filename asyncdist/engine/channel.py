@@ -234,14 +234,3 @@ class Channel:
     async def recv(self, buf: HostBuffer, peer: int) -> Header:
         """Receive into ``buf`` from group rank ``peer``."""
         return await self.wait_recv(self.start_recv(buf, peer), peer)
-
-    async def sendrecv(self, send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int) -> Header:
-        """Send to ``dst`` and receive from ``src`` at once (no extra tasks)."""
-        sending = self.start_send(send_buf, dst)
-        receiving = self.start_recv(recv_buf, src)
-        try:
-            await self.wait_send(sending, dst)
-        except BaseException:
-            self.withdraw(receiving)
-            raise
-        return await self.wait_recv(receiving, src)
