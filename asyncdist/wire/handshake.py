@@ -44,6 +44,7 @@ __all__ = [
     "MAGIC",
     "PROTOCOL_VERSION",
     "MAX_HANDSHAKE_BYTES",
+    "HANDSHAKE_SECONDS",
     "Identity",
     "MemoryToken",
     "PeerMemoryReader",
@@ -63,6 +64,10 @@ MAGIC = "asyncdist"
 PROTOCOL_VERSION = 2
 # The largest handshake message; real ones are ~150 bytes.
 MAX_HANDSHAKE_BYTES = 4096
+#: Seconds an accepted connection has to finish the handshake. Two ranks of a
+#: job finish it in milliseconds, also under load; a few seconds bounds how
+#: long a stranger holds a socket (and a slot among the pending handshakes).
+HANDSHAKE_SECONDS = 5.0
 _NONCE_BYTES = 16
 #: Bytes of a memory probe: random, so that reading them back proves access.
 PROBE_BYTES = 16
