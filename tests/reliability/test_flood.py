@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -61,3 +62,36 @@ async def test_a_connection_flood_does_not_take_a_rank_down(monkeypatch, caplog)
     assert sum(refusals.values()) > 1000, dict(refusals)  # the flood did reach rank 0
     assert len(lines) < 50, "\n".join(lines[:60])
     assert not [line for line in lines if "lost rank" in line]
+
+
+@pytest.mark.timeout(60)
+async def test_accept_backs_off_when_descriptors_run_out(caplog) -> None:
+    resource = pytest.importorskip("resource")
+    with caplog.at_level(logging.INFO, logger="asyncdist"):
+        async with local_world(2) as ranks:
+            host, port = ranks[0].engine.address
+            flood = await asyncio.create_subprocess_exec(
+                sys.executable, str(FLOOD_MAIN), host, str(port), "20", "3", stdout=asyncio.subprocess.PIPE)
+            done = asyncio.ensure_future(flood.communicate())
+            start = len(caplog.records)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            # No descriptor left for accept: every one fails with EMFILE.
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")), hard))
+            try:
+                loop = asyncio.get_running_loop()
+                until = loop.time() + 2.0  # how long to watch, not a synchronisation
+                calls = 0
+                while loop.time() < until:
+                    x = [np.full(4, g.rank + 1.0) for g in ranks]
+                    await asyncio.wait_for(asyncio.gather(*(g.all_reduce(v) for g, v in zip(ranks, x))), 10)
+                    assert all((v == 3.0).all() for v in x)
+                    calls += 1
+            finally:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            failed = ranks[0].engine._mesh.refusals.total["failed accepts"]
+            await done
+            lines = [r.getMessage() for r in caplog.records[start:]]
+    print(f"{failed} failed accepts in 2 s, {calls} all_reduces, {len(lines)} log lines")
+    # Backing off from 10 ms, doubling to 1 s: about 8 tries in 2 s (old code: a busy loop).
+    assert 1 <= failed <= 20, failed
+    assert len(lines) < 20, "\n".join(lines[:40])
