@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Mapping
 from .abort import abort_header, error_from_abort
 from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
-from ..wire.handshake import Identity, PeerAccess
+from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
 from .losses import Losses
 from .mailbox import Mailbox, PeerInbox
 from .matching import Fold, PostedRecv
@@ -65,7 +65,7 @@ class Engine:
         me: Identity,
         *,
         max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
-        handshake_timeout: float = 30.0,
+        handshake_timeout: float = HANDSHAKE_SECONDS,
         heartbeat: HeartbeatConfig | None = None,
     ) -> None:
         self.me = me

@@ -157,6 +157,11 @@ class FrameDecoder:
         self._buf = bytearray()
         self.max_frame = max_frame
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a whole frame (0 between frames)."""
+        return len(self._buf)
+
     def feed(self, data: bytes) -> list[bytes]:
         """Add received bytes; return the complete frame bodies, oldest first.
 

@@ -7,6 +7,12 @@ wraps them in :class:`~asyncdist.transport.stream.Connection`.
 A connection that fails the handshake is answered with a REJECT (where the
 peer got far enough to read one), closed and logged; it never raises into
 the accept loop, so a stranger on the port cannot take a rank down.
+
+:func:`raise_open_files_limit` lifts the process's soft ``RLIMIT_NOFILE``
+toward the hard limit the first time a rank listens: the usual soft limit
+(1,024) is a relic of ``select()``, which asyncio does not use, and a rank of
+a large job holds a socket per peer plus the store's, the launcher's and the
+user's own descriptors.
 """
 
 from __future__ import annotations
@@ -15,14 +21,48 @@ import asyncio
 import logging
 import socket
 
+from .._refusals import RefusalLog
 from ..errors import FrameTooLargeError, HandshakeError, PeerLostError, ProtocolError
 from ..wire.handshake import Acceptor, Dialer, Identity, PeerAccess, message_length, reject_message
 from ..wire.frames import PREFIX
 from .cma import SAME_HOST
 
-__all__ = ["open_listener", "dial", "accept_handshake", "tune_socket"]
+__all__ = ["open_listener", "dial", "accept_handshake", "tune_socket", "describe_peer",
+           "raise_open_files_limit", "OPEN_FILES_TARGET"]
 
 log = logging.getLogger("asyncdist.transport")
+
+#: The soft RLIMIT_NOFILE a rank asks for (or the hard limit, if lower). Enough
+#: for a socket to each of thousands of peers; not the hard limit itself, which
+#: can be a million or unlimited, so that tools that walk every possible
+#: descriptor stay fast.
+OPEN_FILES_TARGET = 65536
+_raised_limit = False
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft ``RLIMIT_NOFILE`` toward the hard limit, once per process,
+    and log the value (INFO). Never lowers it; a failure is logged, not raised."""
+    global _raised_limit
+    if _raised_limit:
+        return
+    _raised_limit = True
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = OPEN_FILES_TARGET if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_TARGET)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the open-files limit (RLIMIT_NOFILE) from %d to %d: %s", soft, target, exc)
+            return
+        log.info("raised the open-files limit (soft RLIMIT_NOFILE) from %d to %d (hard limit %s)", soft, target,
+                 "unlimited" if hard == resource.RLIM_INFINITY else hard)
+    else:
+        log.info("open-files limit (soft RLIMIT_NOFILE): %s", "unlimited" if soft == resource.RLIM_INFINITY else soft)
 
 
 def tune_socket(sock: socket.socket) -> None:
@@ -106,13 +146,15 @@ async def dial(
 
 
 async def accept_handshake(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, me: Identity
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, me: Identity, refusals: RefusalLog | None = None
 ) -> tuple[int, PeerAccess] | None:
     """Authenticate an accepted connection; return the peer's rank and memory
     access, or None.
 
-    On failure the connection is closed and the reason logged; nothing is raised.
+    On failure the connection is closed and the reason logged (through
+    ``refusals``, rate-limited, when given); nothing is raised.
     """
+    note = refusals.note if refusals is not None else _log_in_full
     tune_socket(sock)
     handshake = Acceptor(me, memory=SAME_HOST)
     try:
@@ -120,19 +162,23 @@ async def accept_handshake(
         await loop.sock_sendall(sock, handshake.on_auth(await _read_message(loop, sock)))
         return handshake.peer_rank, handshake
     except (HandshakeError, FrameTooLargeError, ProtocolError) as exc:
-        peer = _describe_peer(sock)
-        log.warning("rank %d refused a connection from %s: %s", me.rank, peer, exc)
+        note("refused", "rank %d refused a connection from %s: %s", me.rank, describe_peer(sock), exc)
         try:
             sock.send(reject_message(str(exc)))
         except OSError:
             pass
     except OSError as exc:
-        log.warning("rank %d: a connection from %s failed during the handshake: %s", me.rank, _describe_peer(sock), exc)
+        note("failed", "rank %d: a connection from %s failed during the handshake: %s", me.rank, describe_peer(sock), exc)
     sock.close()
     return None
 
 
-def _describe_peer(sock: socket.socket) -> str:
+def _log_in_full(kind: str, msg: str, *args: object) -> None:
+    log.warning(msg, *args)
+
+
+def describe_peer(sock: socket.socket) -> str:
+    """``host:port`` of the socket's peer, for logs."""
     try:
         host, port = sock.getpeername()[:2]
         return f"{host}:{port}"

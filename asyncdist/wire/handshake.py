@@ -12,6 +12,9 @@ Every connection between two ranks starts with four small messages::
 proves to the dialer that it reached a rank of its own job; ``mac_d`` (with
 "dialer") proves the same the other way. Fresh nonces on both sides make a
 recorded handshake useless for a replay. The secret never crosses the wire.
+The acceptor's CHALLENGE names the job only after the dialer's HELLO named the
+same job, and a REJECT never names the acceptor's job: a stranger learns no job
+id it did not already know.
 
 Each side also shows where a probe of its memory lies (``memory``, a
 :class:`MemoryToken`). Once the other side is authenticated, it tries to
@@ -44,6 +47,7 @@ __all__ = [
     "MAGIC",
     "PROTOCOL_VERSION",
     "MAX_HANDSHAKE_BYTES",
+    "HANDSHAKE_SECONDS",
     "Identity",
     "MemoryToken",
     "PeerMemoryReader",
@@ -63,6 +67,10 @@ MAGIC = "asyncdist"
 PROTOCOL_VERSION = 2
 # The largest handshake message; real ones are ~150 bytes.
 MAX_HANDSHAKE_BYTES = 4096
+#: Seconds an accepted connection has to finish the handshake. Two ranks of a
+#: job finish it in milliseconds, also under load; a few seconds bounds how
+#: long a stranger holds a socket (and a slot among the pending handshakes).
+HANDSHAKE_SECONDS = 5.0
 _NONCE_BYTES = 16
 #: Bytes of a memory probe: random, so that reading them back proves access.
 PROBE_BYTES = 16
@@ -197,7 +205,10 @@ def _check_peer(fields: dict, me: Identity) -> int:
         raise HandshakeError(f"protocol version mismatch: this rank speaks {PROTOCOL_VERSION}, the peer {version!r}")
     job = fields.get("job")
     if job != me.job_id:
-        raise HandshakeError(f"job id mismatch: this rank is in job {me.job_id!r}, the peer in {job!r:.80}")
+        # Not naming this rank's job: the reason goes back to a peer that has
+        # not authenticated (docs/reliability.md: the job id is not secret,
+        # but a rank does not tell a stranger which job it serves).
+        raise HandshakeError(f"job id mismatch: the peer's job {job!r:.80} is not this rank's")
     rank = _field(fields, "rank", int)
     if not 0 <= rank < me.world_size or rank == me.rank:
         raise HandshakeError(f"peer claims rank {rank}, not a valid peer of rank {me.rank} (world size {me.world_size})")

@@ -134,6 +134,15 @@ async def test_a_stranger_without_the_secret_is_refused_and_logged(mac: bytes, c
         assert _logged(caplog, "failed authentication (wrong job secret)")
 
 
+async def test_a_stranger_is_not_told_the_job_id(caplog) -> None:
+    async with _watched_world(caplog) as (a, _):
+        job = a.engine.me.job_id.encode()
+        for first in (_hello("another-job"), _hello("another-job", rank=7), b"GET / HTTP/1.1\r\n\r\n"):
+            reply = await asyncio.to_thread(_talk, a.engine.address, first)
+            assert job not in reply, reply
+        assert _logged(caplog, "job id mismatch")
+
+
 async def test_a_stranger_that_never_finishes_the_handshake_is_dropped(caplog) -> None:
     async with _watched_world(caplog) as (a, _):
         a.engine._mesh.handshake_timeout = 0.3

@@ -261,8 +261,9 @@ def test_auth_before_hello_is_a_protocol_error() -> None:
 
 def test_wrong_job_refused_by_acceptor() -> None:
     dialer = Dialer(me(1, job="other-job"), expected_peer=0)
-    with pytest.raises(HandshakeError, match="job id mismatch.*'job-42'.*'other-job'"):
+    with pytest.raises(HandshakeError, match="job id mismatch.*'other-job'") as caught:
         Acceptor(me(0)).on_hello(body(dialer.hello()))
+    assert "job-42" not in str(caught.value)  # the reason goes back to a stranger
 
 
 def test_wrong_job_refused_by_dialer() -> None:
