@@ -8,7 +8,6 @@ import struct
 import threading
 import time
 from datetime import timedelta
-from typing import Iterator
 
 import pytest
 
