@@ -332,7 +332,7 @@ async def _within(coro: Coroutine[Any, Any, Any], seconds: float, what: str) -> 
     except TimeoutError as exc:
         if isinstance(exc, OperationTimeoutError):
             raise
-        raise OperationTimeoutError(f"{what} did not complete within {seconds:g} s (its timeout argument)") from None
+        raise OperationTimeoutError(f"{what} Timed out after {seconds:g} s (its timeout argument)") from None
 
 
 def monitored_barrier(group: Group = None, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
