@@ -17,9 +17,12 @@ Two faces over one core:
 from __future__ import annotations
 
 from . import errors
+from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, QueueEmptyError
 from .facade.lifecycle import (
     destroy_process_group,
     get_backend,
+    get_backend_config,
+    get_pg_count,
     get_rank,
     get_world_size,
     init_process_group,
@@ -29,6 +32,7 @@ from .facade.lifecycle import (
 from .facade.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .facade.collectives import (
     all_gather,
+    all_gather_coalesced,
     all_gather_into_tensor,
     all_gather_single,
     all_to_all,
@@ -50,6 +54,7 @@ from .facade.groups import (
     new_group,
     new_subgroups,
     new_subgroups_by_enumeration,
+    split_group,
 )
 from .facade.objects import (
     all_gather_object,
@@ -66,6 +71,36 @@ from .facade.reductions import (
     reduce_scatter,
     reduce_scatter_single,
     reduce_scatter_tensor,
+    supports_complex,
+)
+from .facade.debugging import breakpoint, record_comm
+from .facade.torch_names import (
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    Backend,
+    BackendConfig,
+    BarrierOptions,
+    BroadcastOptions,
+    DebugLevel,
+    GatherOptions,
+    GroupName,
+    RankType,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    default_pg_timeout,
+    get_debug_level,
+    get_default_backend_for_device,
+    is_backend_available,
+    is_gloo_available,
+    is_mpi_available,
+    is_nccl_available,
+    is_ucc_available,
+    is_xccl_available,
+    reduce_op,
+    set_debug_level,
+    set_debug_level_from_env,
 )
 from .group.process_group import ProcessGroup
 from .reduce.op import ReduceOp
@@ -134,4 +169,44 @@ __all__ = [
     "get_process_group_ranks",
     "get_node_local_rank",
     "is_torchelastic_launched",
+    "split_group",
+    "get_backend_config",
+    "get_pg_count",
+    "all_gather_coalesced",
+    "supports_complex",
+    "breakpoint",
+    "record_comm",
+    # torch.distributed's errors (subclasses of torch's once torch is imported)
+    "DistError",
+    "DistBackendError",
+    "DistNetworkError",
+    "DistStoreError",
+    "QueueEmptyError",
+    # torch.distributed's constants, enums and option records
+    "Backend",
+    "BackendConfig",
+    "DebugLevel",
+    "GroupName",
+    "RankType",
+    "default_pg_timeout",
+    "get_debug_level",
+    "set_debug_level",
+    "set_debug_level_from_env",
+    "get_default_backend_for_device",
+    "is_backend_available",
+    "is_gloo_available",
+    "is_nccl_available",
+    "is_mpi_available",
+    "is_ucc_available",
+    "is_xccl_available",
+    "reduce_op",
+    "AllreduceOptions",
+    "AllreduceCoalescedOptions",
+    "AllToAllOptions",
+    "BarrierOptions",
+    "BroadcastOptions",
+    "GatherOptions",
+    "ReduceOptions",
+    "ReduceScatterOptions",
+    "ScatterOptions",
 ]

@@ -21,6 +21,8 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from .errors import adopt_torch_bases
+
 if TYPE_CHECKING:  # for the checker only: importing this module never imports torch
     import torch
 
@@ -39,6 +41,9 @@ def torch_or_none() -> ModuleType | None:
         import torch
     except ImportError:
         return None
+    # For an installation without the torch.backends entry point, which
+    # adopts torch's error classes as soon as torch is imported.
+    adopt_torch_bases(torch)
     return torch
 
 

@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._torch import is_torch_tensor
-from .host import HostBuffer, as_host_buffer
+from .._torch import is_torch_tensor, torch_or_none
+from .host import HostBuffer, as_host_buffer, torch_layout_problem
 from ..errors import UnsupportedBufferError
 
 __all__ = ["staged", "Writeback"]
@@ -27,8 +27,13 @@ def _nothing() -> None:
 
 
 def _is_non_contiguous(obj: Any) -> bool:
+    """Whether contiguity is what keeps ``obj`` from being a host buffer: a
+    strided, dense tensor (a sparse one's ``is_contiguous()`` is False too,
+    and its ``.contiguous()`` fails with torch's "unsupported memory format
+    option", hiding the refusal that says what to do) or a NumPy array."""
     if is_torch_tensor(obj):
-        return not obj.is_contiguous()
+        torch = torch_or_none()
+        return torch is not None and torch_layout_problem(obj, torch) is None and not obj.is_contiguous()
     return isinstance(obj, np.ndarray) and not obj.flags.c_contiguous
 
 

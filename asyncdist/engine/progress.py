@@ -41,7 +41,7 @@ from ..errors import OperationTimeoutError
 
 __all__ = ["Awaited", "Step", "Message", "Progress", "register", "context_for", "timeout_message", "WAIT_TIMEOUT"]
 
-#: What a ``Work.wait(timeout)`` expiry adds after "did not complete within T s".
+#: What a ``Work.wait(timeout)`` expiry adds after "Timed out after T s".
 WAIT_TIMEOUT = " (Work.wait timeout)"
 
 
@@ -105,10 +105,13 @@ def timeout_message(rank: int, where: str, seconds: float, awaited: Awaited, *, 
 
     Example::
 
-        rank 0: all_reduce(sum, float64[4]) (call #7 in group 'world') did not
-        complete within 0.5 s (Work.wait timeout); still waiting for ranks [2, 3]
+        rank 0: all_reduce(sum, float64[4]) (call #7 in group 'world') Timed out
+        after 0.5 s (Work.wait timeout); still waiting for ranks [2, 3]
+
+    "Timed out" is gloo's word ("Timed out waiting 1800000ms for recv
+    operation to complete"), on which code written for torch matches.
     """
-    message = f"rank {rank}: {where} did not complete within {seconds:g} s{why}"
+    message = f"rank {rank}: {where} Timed out after {seconds:g} s{why}"
     detail = awaited.describe()
     return f"{message}; {detail}" if detail else message
 

@@ -41,6 +41,7 @@ from ..group.work import Work
 __all__ = [
     "broadcast",
     "all_gather",
+    "all_gather_coalesced",
     "all_gather_into_tensor",
     "all_gather_single",
     "gather",
@@ -130,6 +131,28 @@ def all_gather(tensor_list: list, tensor: Any, group: Group = None, async_op: bo
         CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
     """
     return _submit(group, "all_gather", lambda g: g.all_gather(tensor_list, tensor), async_op, tensor_list)
+
+
+def all_gather_coalesced(
+    output_tensor_lists: list, input_tensor_list: list, group: Group = None, async_op: bool = False
+) -> Work | None:
+    """Gather each of several tensors from every rank (torch's deprecated ``all_gather_coalesced``).
+
+    Any thread but asyncdist's loop thread. ``output_tensor_lists[r][i]``
+    receives rank ``r``'s ``input_tensor_list[i]``: one :func:`all_gather`
+    per input, in order.
+
+    Returns:
+        A Work if ``async_op``, else None (also None if this rank is not in ``group``).
+    """
+    rows = [list(row) for row in output_tensor_lists]
+    inputs = list(input_tensor_list)
+
+    async def gather_each(g: ProcessGroup) -> None:
+        for i, tensor in enumerate(inputs):
+            await g.all_gather([row[i] for row in rows], tensor)
+
+    return _submit(group, "all_gather_coalesced", gather_each, async_op, [t for row in rows for t in row])
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
@@ -332,7 +355,7 @@ async def _within(coro: Coroutine[Any, Any, Any], seconds: float, what: str) -> 
     except TimeoutError as exc:
         if isinstance(exc, OperationTimeoutError):
             raise
-        raise OperationTimeoutError(f"{what} did not complete within {seconds:g} s (its timeout argument)") from None
+        raise OperationTimeoutError(f"{what} Timed out after {seconds:g} s (its timeout argument)") from None
 
 
 def monitored_barrier(group: Group = None, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:

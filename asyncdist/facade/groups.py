@@ -34,6 +34,7 @@ __all__ = [
     "new_group",
     "new_subgroups",
     "new_subgroups_by_enumeration",
+    "split_group",
     "get_group_rank",
     "get_global_rank",
     "get_process_group_ranks",
@@ -206,6 +207,54 @@ def new_subgroups_by_enumeration(
 
     mine, made = _portal().call(create, what="new_subgroups_by_enumeration()")
     return mine, [sub if sub.rank >= 0 else NON_GROUP_MEMBER for sub in made]
+
+
+def split_group(
+    parent_pg: Group = None,
+    split_ranks: list | None = None,
+    timeout: timedelta | None = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+    backend: str | None = None,
+) -> ProcessGroup | None:
+    """Split ``parent_pg`` into disjoint groups and return this rank's (torch's ``split_group``).
+
+    Any thread but asyncdist's loop thread (there it raises WrongThreadError).
+    Nothing is sent. As for :func:`new_group`, every rank of the job calls
+    it, in the same order, members of the parent or not.
+
+    Args:
+        parent_pg: the group to split (default: the world).
+        split_ranks: disjoint lists of *group ranks of the parent*, as in
+            torch; ranks in no list are in no new group.
+        timeout, pg_options, group_desc, backend: as for :func:`new_group`.
+
+    Returns:
+        This rank's new group; None if it is in none (or not in the parent).
+
+    Raises:
+        InvalidArgumentError: ``split_ranks`` missing or empty, or two lists share a rank.
+        InvalidRankError: a rank is not a group rank of the parent.
+    """
+    world = _world()
+    if not split_ranks:
+        raise InvalidArgumentError("split_group: split_ranks must be a non-empty list of lists of group ranks")
+    backend = _runtime.backend if backend is None else _check_backend(backend)
+    parent = _group(parent_pg)
+    if parent is None or parent.rank < 0:
+        return None
+    parts = [list(ranks) for ranks in split_ranks]
+
+    def create() -> ProcessGroup | None:
+        mine, made = parent.partition(parts, timeout=timeout, name=group_desc)
+        for sub in made:
+            if sub.rank < 0:
+                parent.subgroups.groups.remove(sub)
+            else:
+                _use_backend(sub, backend, world.store)
+        return mine
+
+    return _portal().call(create, what="split_group()")
 
 
 def _sorted(ranks: Sequence[int]) -> list[int]:

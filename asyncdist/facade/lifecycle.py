@@ -37,6 +37,8 @@ __all__ = [
     "is_initialized",
     "is_available",
     "get_backend",
+    "get_backend_config",
+    "get_pg_count",
     "get_rank",
     "get_world_size",
 ]
@@ -260,3 +262,34 @@ def get_world_size(group: Group = None) -> int:
     """The number of ranks in ``group`` (default: the world); -1 if not a member."""
     g = _member(group)
     return -1 if g is None else g.size
+
+
+def get_backend_config(group: Group = None) -> str:
+    """The backend's device map, as torch prints it: "cpu:gloo,cuda:gloo" for "gloo".
+
+    Raises:
+        ValueError: this rank is not in ``group``.
+    """
+    if _member(group) is None:
+        raise InvalidArgumentError("Invalid process group specified")
+    assert _runtime.backend is not None  # set with the world
+    name = _runtime.backend
+    if ":" in name:
+        return name
+    devices = ["cuda"] if name == "nccl" else ["cpu", "cuda"]
+    return ",".join(f"{device}:{name}" for device in devices)
+
+
+def get_pg_count() -> int:
+    """How many groups this process has: the world and the open groups it is
+    in (0 before ``init_process_group``). torch counts every group created."""
+    world = _runtime.world
+    if world is None:
+        return 0
+    count, pending = 1, [world]
+    while pending:
+        children = pending.pop().subgroups.groups
+        count += len(children)
+        pending.extend(children)
+    return count
+

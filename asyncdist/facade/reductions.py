@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from .collectives import _submit
 from .lifecycle import Group
-from ..reduce.op import ReduceOp
+from ..reduce.op import ReduceOp, RedOpType, op_type
 from ..group.work import Work
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "reduce_scatter",
     "reduce_scatter_tensor",
     "reduce_scatter_single",
+    "supports_complex",
 ]
 
 
@@ -169,3 +170,18 @@ def reduce_scatter_single(output: Any, input: Any, op: Any = ReduceOp.SUM, group
 
 def _reduce_scatter_tensor(what: str, output: Any, input: Any, op: Any, group: Group, async_op: bool) -> Work | None:
     return _submit(group, what, lambda g: g.reduce_scatter_tensor(output, input, op), async_op, [output])
+
+
+#: The ops asyncdist refuses on complex tensors: complex numbers are not ordered,
+#: and have no bits to combine. (torch refuses PRODUCT too; asyncdist computes it.)
+_NOT_FOR_COMPLEX = frozenset({RedOpType.MIN, RedOpType.MAX, RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR})
+
+
+def supports_complex(reduceOp: Any) -> bool:  # noqa: N803 (torch's name)
+    """Whether the reductions accept complex tensors with ``reduceOp``.
+
+    Any thread. Unlike torch, True for PRODUCT, which asyncdist computes as a
+    complex product (see :mod:`asyncdist.reduce.op`).
+    """
+    return op_type(reduceOp) not in _NOT_FOR_COMPLEX
+

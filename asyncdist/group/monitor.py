@@ -128,8 +128,8 @@ class Monitor:
 
         def no_verdict() -> Exception:
             return OperationTimeoutError(
-                f"rank {me}: monitored_barrier of group {self.name!r}: no verdict from group rank 0 "
-                f"within {2 * seconds:g} s"
+                f"rank {me}: monitored_barrier of group {self.name!r}: Timed out after {2 * seconds:g} s "
+                "waiting for group rank 0's verdict"
             )
 
         deadline = asyncio.get_running_loop().time() + 2 * seconds

@@ -189,7 +189,7 @@ class Work:
         """The error of a wait that gave up: where the operation is stuck, if known."""
         if progress is not None:
             return progress.timeout_error(seconds)
-        return OperationTimeoutError(f"{self._op} did not complete within {seconds:g} s{WAIT_TIMEOUT}")
+        return OperationTimeoutError(f"{self._op} Timed out after {seconds:g} s{WAIT_TIMEOUT}")
 
     def _cancelled(self) -> asyncio.CancelledError:
         return asyncio.CancelledError(f"{self._op} was cancelled")

@@ -26,7 +26,8 @@ The fixtures:
     must be the test's loop.
 
 ``spawn_ranks``
-    A function ``spawn_ranks(fn, *args, timeout=120.0, env=None)`` that runs
+    A function ``spawn_ranks(fn, *args, timeout=None, env=None)`` (None: the
+    configured timeout, see below) that runs
     ``fn(*args)`` on ``world_size`` processes with
     :func:`~asyncdist.testing.spawn` and returns their results by rank. ``fn``
     must be a module-level function of an importable module (a test module
@@ -55,6 +56,12 @@ Example::
     def test_ranks_as_processes(spawn_ranks, world_size):
         assert spawn_ranks(rank_body) == [(r, world_size) for r in range(world_size)]
 
+Timeouts: ``local_ranks``' groups time out an operation after 60 s and
+``spawn_ranks`` gives a job 120 s, unless configured: per run with the ini
+option ``asyncdist_timeout = SECONDS`` (both), per test (class, module) with
+``@pytest.mark.asyncdist_timeout(seconds)``, which wins over the ini option;
+``spawn_ranks(fn, timeout=...)`` wins over both.
+
 The plugin only adds names; it changes no other test, and it knows nothing
 of pytest-asyncio's internals beyond its public ``fixture`` decorator.
 """
@@ -78,6 +85,21 @@ __all__ = ["world_size", "local_ranks", "spawn_ranks"]
 DEFAULT_WORLD_SIZE = 2
 _MARKER = "world_size"
 
+#: Seconds an operation of a ``local_ranks`` group may take, unless configured.
+LOCAL_RANKS_TIMEOUT = 60.0
+#: Seconds a ``spawn_ranks`` job may take, unless configured.
+SPAWN_TIMEOUT = 120.0
+_TIMEOUT = "asyncdist_timeout"  # the marker's and the ini option's name
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        _TIMEOUT,
+        "seconds for local_ranks' operations and spawn_ranks' jobs (asyncdist plugin; "
+        f"default {LOCAL_RANKS_TIMEOUT:g} and {SPAWN_TIMEOUT:g})",
+        default="",
+    )
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -85,6 +107,32 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{_MARKER}(n, ...): run the test once per world size n; "
         "the fixtures world_size, local_ranks and spawn_ranks use it (asyncdist plugin)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{_TIMEOUT}(seconds): the timeout of this test's local_ranks operations and spawn_ranks jobs "
+        f"(asyncdist plugin; wins over the {_TIMEOUT} ini option)",
+    )
+
+
+def _positive(value: Any, where: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf") or isinstance(value, bool):
+        pytest.fail(f"{where}: {_TIMEOUT} must be a positive number of seconds, got {value!r}", pytrace=False)
+    return seconds
+
+
+def _timeout(request: pytest.FixtureRequest, default: float) -> float:
+    """The test's configured timeout: its marker's, else the ini option's, else ``default``."""
+    marker = request.node.get_closest_marker(_TIMEOUT)
+    if marker is not None:
+        if len(marker.args) != 1 or marker.kwargs:
+            pytest.fail(f"{request.node.nodeid}: @pytest.mark.{_TIMEOUT} takes one number of seconds", pytrace=False)
+        return _positive(marker.args[0], request.node.nodeid)
+    configured = request.config.getini(_TIMEOUT)
+    return _positive(configured, f"ini option {_TIMEOUT}") if configured else default
 
 
 def _sizes(marker: pytest.Mark, nodeid: str) -> list[int]:
@@ -117,11 +165,11 @@ def world_size() -> int:
 if _HAVE_PYTEST_ASYNCIO:
 
     @pytest_asyncio.fixture
-    async def local_ranks(world_size: int) -> AsyncIterator[list[Any]]:
+    async def local_ranks(world_size: int, request: pytest.FixtureRequest) -> AsyncIterator[list[Any]]:
         """``world_size`` ranks in the test's loop: their world ProcessGroups, by rank."""
         from .world import local_world
 
-        async with local_world(world_size) as ranks:
+        async with local_world(world_size, timeout=_timeout(request, LOCAL_RANKS_TIMEOUT)) as ranks:
             yield ranks
 
 else:
@@ -133,12 +181,14 @@ else:
 
 
 @pytest.fixture
-def spawn_ranks(world_size: int) -> Callable[..., list[Any]]:
+def spawn_ranks(world_size: int, request: pytest.FixtureRequest) -> Callable[..., list[Any]]:
     """Run a module-level function on ``world_size`` rank processes; return results by rank."""
     from .spawn import spawn
 
-    def run(fn: Callable[..., Any], *args: Any, timeout: float = 120.0,
+    configured = _timeout(request, SPAWN_TIMEOUT)
+
+    def run(fn: Callable[..., Any], *args: Any, timeout: float | None = None,
             env: dict[str, str] | None = None) -> list[Any]:
-        return spawn(world_size, fn, *args, timeout=timeout, env=env)
+        return spawn(world_size, fn, *args, timeout=configured if timeout is None else timeout, env=env)
 
     return run

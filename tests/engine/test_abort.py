@@ -45,7 +45,7 @@ def _through_the_wire(header: Header) -> Header:
     ("error", "kind"),
     [
         (CollectiveMismatchError("rank 2: all_reduce(sum, float32[4]) disagrees with broadcast"), CollectiveMismatchError),
-        (OperationTimeoutError("rank 2: all_gather (call #3 in group 'world') did not complete within 1 s"), OperationTimeoutError),
+        (OperationTimeoutError("rank 2: all_gather (call #3 in group 'world') Timed out after 1 s"), OperationTimeoutError),
         # anything else travels as the base class, with its message
         (ProtocolError("bad frame"), AsyncDistError),
         (FrameTooLargeError("frame of 9 bytes"), AsyncDistError),  # a subclass of a kind not carried

@@ -99,15 +99,15 @@ def test_timeout_message_words() -> None:
     where = "all_reduce(sum, float64[4]) (call #7 in group 'world')"
     assert (
         timeout_message(0, where, 0.5, Awaited(receiving=(2, 3)), why=WAIT_TIMEOUT)
-        == "rank 0: all_reduce(sum, float64[4]) (call #7 in group 'world') did not complete within 0.5 s "
+        == "rank 0: all_reduce(sum, float64[4]) (call #7 in group 'world') Timed out after 0.5 s "
         "(Work.wait timeout); still waiting for ranks [2, 3]"
     )
     assert (
         timeout_message(3, "send to rank 1 (tag 7, group 'world')", 30.0, Awaited(sending=(1,)))
-        == "rank 3: send to rank 1 (tag 7, group 'world') did not complete within 30 s; still sending to rank 1"
+        == "rank 3: send to rank 1 (tag 7, group 'world') Timed out after 30 s; still sending to rank 1"
     )
     # nothing awaited: no trailing "; "
-    assert timeout_message(1, "barrier", 1800.0, Awaited()) == "rank 1: barrier did not complete within 1800 s"
+    assert timeout_message(1, "barrier", 1800.0, Awaited()) == "rank 1: barrier Timed out after 1800 s"
     assert WAIT_TIMEOUT == " (Work.wait timeout)"
 
 
@@ -151,8 +151,8 @@ def test_progress_names_the_open_steps_that_wait_on_peers() -> None:
     error = progress.timeout_error(2.5)
     assert isinstance(error, OperationTimeoutError)
     assert str(error) == (
-        "rank 0: all_reduce (call #2 in group 'w') and all_reduce (call #4 in group 'w') did not complete "
-        "within 2.5 s (Work.wait timeout); still waiting for rank 2 (global 5); still sending to rank 1"
+        "rank 0: all_reduce (call #2 in group 'w') and all_reduce (call #4 in group 'w') Timed out "
+        "after 2.5 s (Work.wait timeout); still waiting for rank 2 (global 5); still sending to rank 1"
     )
 
 
@@ -160,17 +160,17 @@ def test_progress_names_every_open_step_when_none_waits_yet() -> None:
     steps = [FakeStep("a (call #1 in group 'w')"), FakeStep("b", open_=False), FakeStep("c (call #2 in group 'w')")]
     error = Progress(4, "op", steps).timeout_error(1)
     assert str(error) == (
-        "rank 4: a (call #1 in group 'w') and c (call #2 in group 'w') did not complete within 1 s (Work.wait timeout)"
+        "rank 4: a (call #1 in group 'w') and c (call #2 in group 'w') Timed out after 1 s (Work.wait timeout)"
     )
 
 
 def test_progress_names_the_operation_when_no_step_is_open() -> None:
     assert str(Progress(2, "broadcast on group 'world'").timeout_error(0.25)) == (
-        "rank 2: broadcast on group 'world' did not complete within 0.25 s (Work.wait timeout)"
+        "rank 2: broadcast on group 'world' Timed out after 0.25 s (Work.wait timeout)"
     )
     closed = FakeStep("x", Awaited(receiving=(1,)), open_=False)
     assert str(Progress(2, "gather on group 'g'", [closed]).timeout_error(3)) == (
-        "rank 2: gather on group 'g' did not complete within 3 s (Work.wait timeout)"
+        "rank 2: gather on group 'g' Timed out after 3 s (Work.wait timeout)"
     )
 
 
@@ -181,7 +181,7 @@ def test_progress_reads_the_steps_at_the_moment_it_is_asked() -> None:
     step._awaited = Awaited(receiving=(2,))
     assert str(progress.timeout_error(1)).endswith("still waiting for rank 2")
     step.open = False
-    assert str(progress.timeout_error(1)) == "rank 0: op did not complete within 1 s (Work.wait timeout)"
+    assert str(progress.timeout_error(1)) == "rank 0: op Timed out after 1 s (Work.wait timeout)"
 
 
 # -- register / context_for ------------------------------------------------------------
@@ -190,7 +190,7 @@ def test_progress_reads_the_steps_at_the_moment_it_is_asked() -> None:
 def test_register_outside_a_work_records_nothing() -> None:
     progress = Progress(0, "op")
     register(FakeStep("stray", Awaited(receiving=(1,))))
-    assert str(progress.timeout_error(1)) == "rank 0: op did not complete within 1 s (Work.wait timeout)"
+    assert str(progress.timeout_error(1)) == "rank 0: op Timed out after 1 s (Work.wait timeout)"
 
 
 async def test_register_reports_to_the_progress_of_its_context_and_its_tasks() -> None:
@@ -211,7 +211,7 @@ async def test_register_reports_to_the_progress_of_its_context_and_its_tasks() -
         loop.create_task(operation("a"), context=first), loop.create_task(operation("b"), context=second)
     )
     assert str(progress.timeout_error(1)) == (
-        "rank 0: a (call #1 in group 'w') and a-child (call #2 in group 'w') did not complete within 1 s "
+        "rank 0: a (call #1 in group 'w') and a-child (call #2 in group 'w') Timed out after 1 s "
         "(Work.wait timeout); still waiting for ranks [1, 2]"
     )
     assert str(other.timeout_error(1)).startswith("rank 1: b (call #1 in group 'w') and b-child (call #2 in group 'w')")
@@ -269,7 +269,7 @@ async def test_a_work_wait_on_a_stuck_collective_call_names_it_and_the_missing_r
             with pytest.raises(OperationTimeoutError) as caught:
                 await asyncio.to_thread(work.wait, 0.05)
             assert str(caught.value) == (
-                "rank 2: probe(int64[1]) (call #1 in group 'rot') did not complete within 0.05 s "
+                "rank 2: probe(int64[1]) (call #1 in group 'rot') Timed out after 0.05 s "
                 "(Work.wait timeout); still waiting for rank 2 (global 1)"
             )
             assert not work.is_completed()  # a wait that gave up does not end the operation
@@ -288,7 +288,7 @@ async def test_a_work_wait_on_a_receive_names_the_sender_and_the_groups_deadline
         with pytest.raises(OperationTimeoutError) as caught:
             await asyncio.to_thread(work.wait, 0.05)
         assert str(caught.value) == (
-            "rank 0: recv from rank 1 (tag 5, group 'local2') did not complete within 0.05 s "
+            "rank 0: recv from rank 1 (tag 5, group 'local2') Timed out after 0.05 s "
             "(Work.wait timeout); still waiting for rank 1"
         )
         await ranks[1].send(np.arange(3, dtype=np.float32), dst=0, tag=5)
@@ -300,5 +300,5 @@ async def test_a_work_wait_on_a_receive_names_the_sender_and_the_groups_deadline
         with pytest.raises(OperationTimeoutError) as caught:
             await shorts[1].recv(np.zeros(1), src=0, tag=2)
         assert str(caught.value) == (
-            "rank 1: recv from rank 0 (tag 2, group 'short') did not complete within 0.1 s; still waiting for rank 0"
+            "rank 1: recv from rank 0 (tag 2, group 'short') Timed out after 0.1 s; still waiting for rank 0"
         )

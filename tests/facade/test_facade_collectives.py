@@ -215,6 +215,28 @@ def rank_three_skips_the_monitored_barrier() -> str:
     return "no error"
 
 
+def two_ranks_skip_each_monitored_barrier() -> list[str]:
+    """Two rounds: ranks 2 and 3 skip the first (rank 0 waits for all), ranks
+    1 and 3 the second (rank 0 stops at the first). A skipping rank enters
+    once rank 0 has given up, and reads the verdict at once."""
+    dist.init_process_group()
+    rank = dist.get_rank()
+    messages = []
+    for skipping, wait_all_ranks in (((2, 3), True), ((1, 3), False)):
+        if rank in skipping:
+            dist.recv(torch.zeros(1), src=0)  # until rank 0 has given up
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=1), wait_all_ranks=wait_all_ranks)
+            messages.append("no error")
+        except OperationTimeoutError as exc:
+            messages.append(str(exc))
+        finally:
+            if rank == 0:
+                for late in skipping:
+                    dist.send(torch.zeros(1), dst=late)
+    return messages
+
+
 def rank_one_skips_a_barrier_with_a_timeout() -> str:
     dist.init_process_group()
     if dist.get_rank() == 1:
@@ -292,6 +314,17 @@ def test_groups_objects_batches_and_monitored_barrier() -> None:
         assert out["batch_ring"] == [10 * ((rank - 1) % N) + i for i in range(3)]
 
 
+def test_monitored_barrier_honours_wait_all_ranks() -> None:
+    results = spawn(N, two_ranks_skip_each_monitored_barrier, timeout=60)
+    every, first = results[0]
+    # gloo's semantics: wait_all_ranks names every rank that did not come, else the first
+    assert every.startswith("rank 0: monitored_barrier of group 'world': ranks 2, 3 failed to pass it within 1 s")
+    assert first.startswith("rank 0: monitored_barrier of group 'world': rank 1 failed to pass it within 1 s")
+    for rank in (1, 2, 3):
+        assert "group rank 0 reports that ranks 2, 3 failed to pass it" in results[rank][0], results[rank]
+        assert "group rank 0 reports that rank 1 failed to pass it" in results[rank][1], results[rank]
+
+
 def test_monitored_barrier_names_the_rank_that_never_came() -> None:
     results = spawn(N, rank_three_skips_the_monitored_barrier, timeout=60)
     assert results[0].startswith("rank 0: monitored_barrier of group 'world': rank 3 failed to pass it within 1 s")
@@ -302,7 +335,7 @@ def test_monitored_barrier_names_the_rank_that_never_came() -> None:
 
 def test_a_barrier_times_out_after_its_own_timeout_argument() -> None:
     results = spawn(2, rank_one_skips_a_barrier_with_a_timeout, timeout=60)
-    assert results == ["barrier of group 'world' did not complete within 0.5 s (its timeout argument)", "released with 7.0"]
+    assert results == ["barrier of group 'world' Timed out after 0.5 s (its timeout argument)", "released with 7.0"]
 
 
 def test_blocking_calls_need_an_initialized_group_and_sane_arguments() -> None:

@@ -103,7 +103,7 @@ async def test_point_to_point_operations_time_out_naming_peer_tag_and_group() ->
         b.timeout = a.timeout = TIMEOUT
         start = time.monotonic()
         with pytest.raises(OperationTimeoutError,
-                           match=rf"rank 1: recv from rank 0 \(tag 5, group 'local2'\) did not complete within {TIMEOUT:g} s"):
+                           match=rf"rank 1: recv from rank 0 \(tag 5, group 'local2'\) Timed out after {TIMEOUT:g} s"):
             await b.recv(np.zeros(1), 0, tag=5)
         assert TIMEOUT <= time.monotonic() - start < TIMEOUT + 2
         with pytest.raises(OperationTimeoutError, match=r"recv from any rank \(tag 6"):
@@ -130,7 +130,7 @@ async def test_work_wait_timeout_bounds_only_the_wait() -> None:
         start = time.monotonic()
         with pytest.raises(OperationTimeoutError) as info:
             await asyncio.to_thread(work.wait, 0.2)
-        assert str(info.value) == ("rank 1: recv from rank 0 (tag 3, group 'local2') did not complete within 0.2 s "
+        assert str(info.value) == ("rank 1: recv from rank 0 (tag 3, group 'local2') Timed out after 0.2 s "
                                    "(Work.wait timeout); still waiting for rank 0")
         assert 0.2 <= time.monotonic() - start < 2
         await a.send(np.arange(2.0), 1, tag=3)
@@ -167,13 +167,13 @@ async def test_work_wait_names_the_call_the_group_and_exactly_the_ranks_still_aw
         errors = await asyncio.gather(*(asyncio.to_thread(work.wait, 0.3) for work in works), return_exceptions=True)
         assert all(isinstance(e, OperationTimeoutError) for e in errors), errors
         assert [str(e) for e in errors] == [
-            "rank 0: gather(dst=0, float64[2]) (call #1 in group 'local4') did not complete within 0.3 s "
+            "rank 0: gather(dst=0, float64[2]) (call #1 in group 'local4') Timed out after 0.3 s "
             "(Work.wait timeout); still waiting for rank 2",
-            "rank 0: all_reduce(sum, float64[4]) (call #2 in group 'local4') did not complete within 0.3 s "
+            "rank 0: all_reduce(sum, float64[4]) (call #2 in group 'local4') Timed out after 0.3 s "
             "(Work.wait timeout); still waiting for rank 2",
-            "rank 1: all_reduce(sum, float64[4]) (call #2 in group 'local4') did not complete within 0.3 s "
+            "rank 1: all_reduce(sum, float64[4]) (call #2 in group 'local4') Timed out after 0.3 s "
             "(Work.wait timeout); still waiting for rank 3",
-            "rank 0: all_to_all_single(float64) (call #1 in group 'trio') did not complete within 0.3 s "
+            "rank 0: all_to_all_single(float64) (call #1 in group 'trio') Timed out after 0.3 s "
             "(Work.wait timeout); still waiting for ranks [1, 2] (global [2, 3])",
         ]
 
@@ -192,7 +192,7 @@ async def test_point_to_point_work_wait_names_the_peers() -> None:
         anyone = b.irecv(np.zeros(1), None, tag=4)
         with pytest.raises(OperationTimeoutError) as info:
             await asyncio.to_thread(anyone.wait, 0.2)
-        assert str(info.value) == ("rank 1: recv from any rank (tag 4, group 'local3') did not complete within "
+        assert str(info.value) == ("rank 1: recv from any rank (tag 4, group 'local3') Timed out after "
                                    "0.2 s (Work.wait timeout); still waiting for ranks [0, 2]")
         # A send that the receiver does not read: the receiver's loop stops reading.
         loop = asyncio.get_running_loop()
@@ -204,7 +204,7 @@ async def test_point_to_point_work_wait_names_the_peers() -> None:
                 await asyncio.to_thread(sending.wait, 0.2)
         finally:
             loop.add_reader(receiver._fd, receiver._on_readable)
-        assert str(info.value) == ("rank 0: send to rank 1 (tag 8, group 'local3') did not complete within 0.2 s "
+        assert str(info.value) == ("rank 0: send to rank 1 (tag 8, group 'local3') Timed out after 0.2 s "
                                    "(Work.wait timeout); still sending to rank 1")
         got = np.zeros(4 << 20)
         await asyncio.gather(b.recv(got, 0, tag=8), c.send(np.ones(1), 1, tag=4))
@@ -252,10 +252,10 @@ def test_facade_operations_honour_the_group_timeout_and_work_wait() -> None:
     zero, one = spawn(2, facade_timeouts, timeout=60)
     for rank, result in enumerate((zero, one)):
         message, took = result["recv"]
-        assert message == (f"rank {rank}: recv from rank {1 - rank} (tag 9, group 'world') did not complete within 1 s; "
+        assert message == (f"rank {rank}: recv from rank {1 - rank} (tag 9, group 'world') Timed out after 1 s; "
                            f"still waiting for rank {1 - rank}")
         assert 1.0 <= took < 3.0
-    assert zero["wait"] == ("rank 0: all_reduce(sum, float32[3]) (call #2 in group 'world') did not complete within "
+    assert zero["wait"] == ("rank 0: all_reduce(sum, float32[3]) (call #2 in group 'world') Timed out after "
                             "0.2 s (Work.wait timeout); still waiting for rank 1")
     assert zero["completed"] is True and zero["x"] == one["x"] == [2.0, 2.0, 2.0]
 
@@ -318,7 +318,7 @@ def facade_work_waits() -> dict:
 def test_facade_work_wait_names_the_call_the_group_and_exactly_the_ranks_still_awaited() -> None:
     results = spawn(4, facade_work_waits, timeout=90)
     zero, one = results[0], results[1]
-    expected = "did not complete within 0.3 s (Work.wait timeout); still waiting for"
+    expected = "Timed out after 0.3 s (Work.wait timeout); still waiting for"
     assert zero["all_reduce"] == f"rank 0: all_reduce(sum, float32[3]) (call #1 in group 'world') {expected} rank 2"
     assert one["all_reduce"] == f"rank 1: all_reduce(sum, float32[3]) (call #1 in group 'world') {expected} rank 3"
     assert zero["gather"] == f"rank 0: gather(dst=0, float64[2]) (call #2 in group 'world') {expected} ranks [2, 3]"

@@ -190,3 +190,49 @@ def test_bad_marker_is_a_usage_error(pytester: pytest.Pytester, marker: str) -> 
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*test_x: @pytest.mark.world_size takes one or more positive integers*"])
     assert result.parseoutcomes() == {"errors": 1}
+
+
+TIMEOUT_TESTS = """
+import pytest
+from asyncdist.errors import DistTimeoutError
+
+
+async def test_ini_option_sets_local_ranks(local_ranks):
+    assert [g.timeout for g in local_ranks] == [7.0, 7.0]
+
+
+@pytest.mark.asyncdist_timeout(0.5)
+async def test_marker_wins_over_ini(local_ranks):
+    assert [g.timeout for g in local_ranks] == [0.5, 0.5]
+
+
+def sleeping_body():
+    import time
+    time.sleep(600)
+
+
+@pytest.mark.asyncdist_timeout(2)
+def test_marker_sets_spawn_ranks(spawn_ranks):
+    with pytest.raises(DistTimeoutError, match=r"did not finish within 2 s"):
+        spawn_ranks(sleeping_body)
+
+
+@pytest.mark.asyncdist_timeout("soon")
+def test_bad_marker(world_size, spawn_ranks):
+    pass
+"""
+
+
+@pytest.mark.timeout(RUN_TIMEOUT)
+def test_timeouts_per_run_and_per_test(pytester: pytest.Pytester) -> None:
+    pytester.makeini(INI.format(mode="auto") + "asyncdist_timeout = 7\n")
+    pytester.makepyfile(test_user=TIMEOUT_TESTS)
+    result = pytester.runpytest_subprocess("-v", timeout=RUN_TIMEOUT)
+    result.stdout.fnmatch_lines([
+        "*test_ini_option_sets_local_ranks* PASSED*",
+        "*test_marker_wins_over_ini* PASSED*",
+        "*test_marker_sets_spawn_ranks PASSED*",
+        "*test_bad_marker ERROR*",
+        "*asyncdist_timeout must be a positive number of seconds, got 'soon'*",
+    ])
+

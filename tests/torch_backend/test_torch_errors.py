@@ -54,7 +54,7 @@ def test_a_mismatch_and_a_timeout_surface_in_work_wait(tmp_path: Path) -> None:
     message, waited = ranks[0]["timeout"]
     # The call (#4 after init's barrier and the two above), the group, and the rank still awaited.
     assert message.startswith("rank 0: all_reduce(sum, float32[3]) (call #3 in group 'torch:"), message
-    assert message.endswith("did not complete within 0.2 s (Work.wait timeout); still waiting for rank 1"), message
+    assert message.endswith("Timed out after 0.2 s (Work.wait timeout); still waiting for rank 1"), message
     assert waited < 1.0
 
 
