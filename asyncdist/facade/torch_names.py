@@ -96,7 +96,8 @@ class Backend(str):
         if not isinstance(name, str):
             raise ValueError("Backend constructor parameter must be string-ish")
         value = getattr(Backend, name.upper(), Backend.UNDEFINED)
-        return value if value != Backend.UNDEFINED else name.lower()  # type: ignore[return-value]
+        # torch's Backend is a str factory: unknown names come back as plain lower-case strings.
+        return value if value != Backend.UNDEFINED else name.lower()  # type: ignore[return-value]  # as torch's
 
     @classmethod
     def register_backend(cls, name: str, func: Any, extended_api: bool = False, devices: str | list[str] | None = None) -> None:

@@ -26,20 +26,13 @@ Invariants:
   (:mod:`.tcp_protocol` describes the exchange): any other request is refused
   with ``STATUS_DENIED``, logged, and the connection closed, as is a connection
   that has not authenticated within :data:`_AUTH_SECONDS`.
-* At most :data:`MAX_UNAUTHENTICATED` connections wait to authenticate at
+* At most :data:`~.tcp_admission.MAX_UNAUTHENTICATED` connections wait to authenticate at
   once; the next one closes the oldest. Each may hold at most
   :data:`~.tcp_protocol.MAX_AUTH_FRAME_BYTES` of an incomplete frame and
   :data:`_MAX_PIPELINED` queued requests, so all of them together hold a few
   MiB at most.
-* Incomplete frames are not allocated at their announced size: a connection
-  holds what has arrived. The one that began its frame first always reads
-  on, so a frame of :data:`~.tcp_protocol.MAX_FRAME_BYTES` always gets
-  through; the others together may hold :data:`MAX_PARTIAL_BYTES`, past which
-  the one that read last stops being read (the kernel's buffers, then its
-  client, wait) until the total falls. A request that arrives whole is never
-  held back. Measured: 8 connections that
-  each send 59 MiB of a 60 MiB frame and stop grew the server's RSS by
-  473 MiB before this bound, and by about 70 MiB after.
+* Incomplete frames hold what has arrived, within the budget of
+  :class:`~.tcp_admission.PartialFrames`.
 * Refusals are logged through one :class:`~asyncdist._refusals.RefusalLog`:
   a few in full, then a summary every 10 s.
 """
@@ -48,9 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hmac
 import logging
-import os
 import socket
 import threading
 from collections.abc import Callable, Hashable
@@ -59,10 +50,10 @@ from typing import Any, cast
 from .._refusals import RefusalLog
 from ..errors import InvalidArgumentError, ProtocolError, StoreError
 from .store_rules import apply_add, apply_compare_set
+from .tcp_admission import MAX_UNAUTHENTICATED, Gate, PartialFrames
 from .tcp_protocol import (
     MAX_AUTH_FRAME_BYTES,
     MAX_FRAME_BYTES,
-    NONCE_BYTES,
     OP_ADD,
     OP_AUTH,
     OP_CHALLENGE,
@@ -71,7 +62,6 @@ from .tcp_protocol import (
     OP_DELETE,
     OP_GET,
     OP_JOIN,
-    OP_NAMES,
     OP_NUM_KEYS,
     OP_SET,
     OP_WAIT,
@@ -80,12 +70,11 @@ from .tcp_protocol import (
     STATUS_OK,
     STATUS_TIMEOUT,
     FrameDecoder,
-    auth_proof,
     decode_request,
     encode_frame,
 )
 
-__all__ = ["StoreServer", "open_server", "release_server", "MAX_UNAUTHENTICATED", "MAX_PARTIAL_BYTES"]
+__all__ = ["StoreServer", "open_server", "release_server"]
 
 logger = logging.getLogger("asyncdist.store")
 
@@ -95,55 +84,12 @@ _WORKERS = object()  # the waiter key of wait_for_workers
 # connecting, in one round trip; this only bounds how long a stranger may hold
 # a socket and a slot among the unauthenticated).
 _AUTH_SECONDS = 5.0
-#: Connections that may wait to authenticate at once; the next closes the
-#: oldest. A job's ranks authenticate in a round trip, so 64 is room for a
-#: world of hundreds connecting at once and bounds what strangers hold.
-MAX_UNAUTHENTICATED = 64
-#: Bytes that incomplete frames may hold, all connections together but the
-#: one that began its frame first, before the server stops reading them. The
-#: first may always grow to MAX_FRAME_BYTES, so the total stays under
-#: MAX_FRAME_BYTES + MAX_PARTIAL_BYTES (+ one read, 256 KiB, per connection).
-#: Rendezvous frames are a few hundred bytes, so only a large set waits.
-MAX_PARTIAL_BYTES = 16 * 1024 * 1024
-
-
-class _Gate:
-    """One connection's authentication, server side (open at once without a secret)."""
-
-    __slots__ = ("_secret", "_nonce", "open")
-
-    def __init__(self, secret: bytes | None) -> None:
-        self._secret = secret
-        self._nonce: bytes | None = None
-        self.open = secret is None
-
-    def answer(self, op: int, args: list) -> list:
-        """The reply to a challenge, an authentication, or a request before either."""
-        secret = self._secret
-        if op == OP_CHALLENGE:
-            self._nonce = None if secret is None else os.urandom(NONCE_BYTES)
-            return [STATUS_OK, self._nonce]
-        if op == OP_AUTH:
-            if secret is None:
-                return [STATUS_INVALID, "this store has no secret: there is nothing to authenticate"]
-            nonce, self._nonce = self._nonce, None
-            if nonce is None:
-                return [STATUS_DENIED, "authentication without a challenge"]
-            client_nonce, proof = args
-            if not hmac.compare_digest(proof, auth_proof(secret, "client", nonce, client_nonce)):
-                return [STATUS_DENIED, "wrong secret"]
-            self.open = True
-            return [STATUS_OK, auth_proof(secret, "server", nonce, client_nonce)]
-        return [STATUS_DENIED, f"{OP_NAMES[op]} before authenticating: this store has a secret; give the "
-                               "client the job's secret (ASYNCDIST_SECRET, or TCPStore(secret=...))"]
-
-
 class _Connection(asyncio.Protocol):
     """One client connection: frames in, one request served at a time, replies out."""
 
     def __init__(self, server: StoreServer) -> None:
         self._server = server
-        self._gate = _Gate(server.secret)
+        self._gate = Gate(server.secret)
         self._decoder = FrameDecoder(MAX_FRAME_BYTES if self._gate.open else MAX_AUTH_FRAME_BYTES)
         self._expiry: asyncio.TimerHandle | None = None
         self._pending: collections.deque[bytes] = collections.deque()
@@ -220,7 +166,7 @@ class _Connection(asyncio.Protocol):
         self._transport.abort()
 
     def pause_reading(self) -> None:
-        """Stop reading: incomplete frames hold too much (see :class:`_PartialFrames`)."""
+        """Stop reading: incomplete frames hold too much (see :class:`~.tcp_admission.PartialFrames`)."""
         if not self._transport.is_closing():
             self._transport.pause_reading()
 
@@ -246,46 +192,6 @@ class _Connection(asyncio.Protocol):
         self.lost.set_result(None)
 
 
-class _PartialFrames:
-    """The bytes that incomplete frames hold, by connection, and who may read on.
-
-    Connections are kept in the order in which they began their incomplete
-    frame. The first always reads on. When the others together hold more
-    than :data:`MAX_PARTIAL_BYTES`, the one that just read stops reading; the
-    stopped ones read again when the others' total is back under the limit. Server loop only.
-    """
-
-    def __init__(self) -> None:
-        self.held: collections.OrderedDict[_Connection, int] = collections.OrderedDict()
-        self.total = 0
-        self.paused: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
-
-    def _others(self) -> int:
-        """Bytes held by all but the oldest incomplete frame."""
-        return self.total - next(iter(self.held.values()), 0)
-
-    def update(self, conn: _Connection, nbytes: int) -> None:
-        """``conn`` now holds ``nbytes`` of an incomplete frame (0: none)."""
-        before = self.held.pop(conn, 0) if nbytes == 0 else self.held.get(conn, 0)
-        if nbytes:
-            self.held[conn] = nbytes  # keeps its place if it held bytes already
-        else:
-            self.paused.pop(conn, None)
-        self.total += nbytes - before
-        oldest = next(iter(self.held), None)
-        if oldest is not None and oldest in self.paused:  # the oldest always reads on
-            del self.paused[oldest]
-            oldest.resume_reading()
-        if self._others() > MAX_PARTIAL_BYTES:
-            if nbytes and conn is not oldest and conn not in self.paused:
-                self.paused[conn] = None
-                conn.pause_reading()
-        else:  # each reads at most once more before it is stopped again
-            while self.paused:
-                waiting, _ = self.paused.popitem(last=False)
-                waiting.resume_reading()
-
-
 class StoreServer:
     """The keys and their waiters, served on ``sock`` by an event loop in a daemon thread.
 
@@ -300,7 +206,7 @@ class StoreServer:
         self.connections: set[_Connection] = set()
         # Connections waiting to authenticate, oldest first.
         self.unauthenticated: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
-        self.partial = _PartialFrames()
+        self.partial = PartialFrames()
         self.refusals = RefusalLog(logger, "TCPStore server")
         self._data: dict[str, bytes] = {}
         self._waiters: dict[Hashable, set[asyncio.Future]] = {}
@@ -317,7 +223,7 @@ class StoreServer:
 
     def admit_unauthenticated(self, conn: _Connection) -> None:
         """Count ``conn`` among those waiting to authenticate, closing the oldest
-        when there are :data:`MAX_UNAUTHENTICATED` already (loop thread)."""
+        when there are :data:`~.tcp_admission.MAX_UNAUTHENTICATED` already (loop thread)."""
         if len(self.unauthenticated) >= MAX_UNAUTHENTICATED:
             oldest, _ = self.unauthenticated.popitem(last=False)
             oldest.drop(ProtocolError(f"{MAX_UNAUTHENTICATED} connections are waiting to authenticate: "

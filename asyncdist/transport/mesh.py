@@ -191,7 +191,8 @@ class Mesh:
             sock.close()
             raise
         finally:
-            self._pending.pop(task, None)  # type: ignore[arg-type]
+            if task is not None:  # always, in a task
+                self._pending.pop(task, None)
         if admitted is None:
             return
         peer, access = admitted

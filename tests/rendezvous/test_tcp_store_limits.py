@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from asyncdist.rendezvous import tcp_server
+from asyncdist.rendezvous import tcp_admission
 from asyncdist.rendezvous.tcp_store import TCPStore
 
 SECRET = "s3cret-of-the-job"
@@ -45,8 +45,8 @@ def test_strangers_waiting_to_authenticate_are_bounded_and_logged_briefly(caplog
         with caplog.at_level(logging.WARNING, logger="asyncdist.store"):
             for _ in range(300):  # silent strangers, held open
                 socks.append(socket.create_connection(("127.0.0.1", master.port), timeout=5))
-            _until(lambda: len(server.connections) <= tcp_server.MAX_UNAUTHENTICATED
-                   and server.refusals.total["evicted"] >= 300 - tcp_server.MAX_UNAUTHENTICATED,
+            _until(lambda: len(server.connections) <= tcp_admission.MAX_UNAUTHENTICATED
+                   and server.refusals.total["evicted"] >= 300 - tcp_admission.MAX_UNAUTHENTICATED,
                    "the oldest strangers to be closed")
             # A client of the job is still served.
             client = TCPStore("127.0.0.1", master.port, timeout=TIMEOUT, secret=SECRET)
@@ -75,7 +75,7 @@ def _partial_frame(port: int, announced: int, sent: int, started: threading.Even
 @pytest.mark.timeout(30)
 def test_incomplete_frames_hold_a_bounded_number_of_bytes(monkeypatch) -> None:
     # Scaled down from 8 x 60 MiB (measured in docs/reliability.md) to keep the test light.
-    monkeypatch.setattr(tcp_server, "MAX_PARTIAL_BYTES", 1 << 20)
+    monkeypatch.setattr(tcp_admission, "MAX_PARTIAL_BYTES", 1 << 20)
     announced, sent = 8 << 20, 6 << 20
     master = _master(None)  # without a secret every connection may send large frames
     server = master._server
