@@ -46,6 +46,9 @@ log = logging.getLogger("asyncdist.engine.engine")
 
 # How long close() waits for queued frames to reach the kernel.
 _CLOSE_DRAIN_SECONDS = 10.0
+# How long close() then waits for every peer to have read its goodbye (a live
+# peer's loop reads it within milliseconds; a stopped one is not waited for longer).
+_CLOSE_LINGER_SECONDS = 5.0
 
 
 class Engine:
@@ -82,6 +85,7 @@ class Engine:
         self._all_connected: asyncio.Future | None = None
         self._next_context = 0
         self._abort_watchers: dict[int, Callable[[int, AsyncDistError], None]] = {}
+        self._peers_gone: asyncio.Future | None = None  # set once closing and no connection is left
         self.closed = False
         self.address: tuple[str, int] | None = None
 
@@ -290,6 +294,28 @@ class Engine:
         if inbox is not None:
             inbox.lose(error)
         self._mailbox.fail_dependents(rank, self._losses.fatal_for, error)
+        gone = self._peers_gone
+        if gone is not None and not self._connections and not gone.done():
+            gone.set_result(None)
+
+    async def _linger(self) -> None:
+        """Wait, bounded, until every peer has read this rank's goodbye.
+
+        A peer closes its end once it has read the BYE. Until then what it
+        sends here (an announcement of a call this rank has finished) is read
+        and dropped: a socket closed with unread data is reset, and a reset
+        destroys what the peer had not read yet, this rank's last messages
+        and its BYE among them (a broadcast's root that leaves first).
+        """
+        if not self._connections:
+            return
+        self._peers_gone = asyncio.get_running_loop().create_future()
+        for connection in self._connections.values():
+            connection.shutdown_write()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._peers_gone), _CLOSE_LINGER_SECONDS)
+        except asyncio.TimeoutError:
+            pass  # those left are closed now, as before
 
     async def close(self) -> None:
         """Say goodbye to every peer, flush what was sent, close every socket.
@@ -316,6 +342,7 @@ class Engine:
                 await asyncio.wait_for(asyncio.gather(*drains, return_exceptions=True), _CLOSE_DRAIN_SECONDS)
             except asyncio.TimeoutError:
                 log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
+        await self._linger()
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
         await self._mesh.close()

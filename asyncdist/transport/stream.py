@@ -58,6 +58,9 @@ log = logging.getLogger("asyncdist.transport")
 # Reads per readable event before yielding to other callbacks; bounds how
 # long one busy peer can hold the loop (each read is at most one buffer).
 _MAX_READS_PER_EVENT = 64
+# Readable events drained after a failed write, before the peer is lost: a
+# socket's receive buffer holds a few MiB, far less than this many reads.
+_MAX_DRAIN_EVENTS = 1024
 # sendmsg accepts at most IOV_MAX (1024 on Linux) buffers per call.
 _MAX_IOV = 512
 #: Bytes of a folded REMOTE payload read at a time: what a core's cache holds
@@ -122,6 +125,7 @@ class Connection:
         self._done_frame = encode_header(Header(Kind.DONE, 0, me, 0, 0, "uint8", (), 0))
         self.closed = False
         self.last_received = self.last_sent = loop.time()
+        self._reading = False  # inside _read: a failed write must not read again
         loop.add_reader(self._fd, self._on_readable)
 
     # -- writing -----------------------------------------------------------
@@ -143,7 +147,7 @@ class Connection:
             try:
                 self._write_views(views)
             except OSError as exc:
-                self._lose(f"send to rank {self.peer} failed: {exc}", exc)
+                self._write_failed(exc)
                 raise PeerLostError(f"send to rank {self.peer} failed: {exc}", self.peer) from exc
             if not views:
                 return None
@@ -256,7 +260,7 @@ class Connection:
                 if not pending.future.done():
                     pending.future.set_result(None)
         except OSError as exc:
-            self._lose(f"send to rank {self.peer} failed: {exc}", exc)
+            self._write_failed(exc)
             return
         self._loop.remove_writer(self._fd)
         self._writer_armed = False
@@ -264,20 +268,27 @@ class Connection:
     # -- reading -----------------------------------------------------------
 
     def _on_readable(self) -> None:
+        self._read()
+
+    def _read(self) -> int:
+        """Read what the kernel holds (up to a bound) into the decoder; the bytes read."""
         decoder = self._decoder
+        total = 0
+        self._reading = True
         try:
             for _ in range(_MAX_READS_PER_EVENT):
                 view = decoder.get_buffer()
                 n = self._sock.recv_into(view)
                 if n == 0:
                     self._lose(f"rank {self.peer} closed the connection", None)
-                    return
+                    return total
+                total += n
                 self.last_received = self._loop.time()
                 decoder.buffer_updated(n)
                 if n < view.nbytes:
-                    return  # drained what the kernel had
+                    return total  # drained what the kernel had
         except (BlockingIOError, InterruptedError):
-            return
+            return total
         except OSError as exc:
             self._lose(f"connection to rank {self.peer} failed: {exc}", exc)
         except ProtocolError as exc:
@@ -286,8 +297,23 @@ class Connection:
         except Exception as exc:  # a bug in a sink must not kill the loop
             log.exception("error while handling data from rank %d", self.peer)
             self._lose(f"error while handling data from rank {self.peer}: {exc!r}", exc)
+        finally:
+            self._reading = False
+        return total
 
     # -- closing -----------------------------------------------------------
+
+    def _write_failed(self, exc: OSError) -> None:
+        """A write failed: the peer may have closed in order, with frames and
+        its goodbye still unread here (a root that sent its part and left).
+        Read what the kernel holds first, so those frames are delivered and a
+        BYE ends the connection in order; only then is the peer lost. Not
+        from inside this connection's own read (a frame's handler that sends
+        back): its decoder is mid-frame."""
+        for _ in range(_MAX_DRAIN_EVENTS):
+            if self.closed or self._reading or not self._read():
+                break
+        self._lose(f"send to rank {self.peer} failed: {exc}", exc)
 
     def _lose(self, reason: str, cause: BaseException | None) -> None:
         if self.closed:
@@ -296,6 +322,14 @@ class Connection:
         error.__cause__ = cause
         self._shutdown(error)
         self._on_lost(error)
+
+    def shutdown_write(self) -> None:
+        """Send nothing more (a FIN after the queued frames); reading goes on."""
+        if not self.closed:
+            try:
+                self._sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # the peer is gone already: reading will say so
 
     def close(self, error: PeerLostError | None = None) -> None:
         """Close the socket at once; pending sends fail with ``error`` (by
