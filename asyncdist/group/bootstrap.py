@@ -31,7 +31,7 @@ from ..errors import RendezvousError, StoreError, StoreTimeoutError
 from ..wire.handshake import Identity
 from ..transport.heartbeat import HeartbeatConfig
 from ..rendezvous.store import Store
-from .waiting import WaitReports
+from ..rendezvous.waiting import WaitReports
 
 __all__ = ["bootstrap", "refuse", "whoami", "ABORT_LINGER_SECONDS"]
 
@@ -133,7 +133,7 @@ async def bootstrap(
         timeout: seconds the whole rendezvous may take.
         heartbeat: the engine's heartbeat settings (None: from the environment).
         where: the store's address as the user gave it, for the reports of a
-            rank that waits (see :mod:`.waiting`).
+            rank that waits (see :mod:`asyncdist.rendezvous.waiting`).
 
     Raises:
         RendezvousError: duplicate rank, world size mismatch, or a rank missing

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs, urlparse
@@ -34,6 +35,7 @@ from .file_store import FileStore
 from .environments import LAUNCHER_HINT, AttemptStore, placement
 from .store import Store
 from .tcp_store import TCPStore
+from .waiting import WaitReports
 from .torch_store import AGENT_STORE_KIND_ENV, agent_store_is_torchs, torch_store_client
 
 __all__ = ["Plan", "resolve", "HOST_ENV", "AGENT_STORE_ENV", "STORE_ADDR_ENV", "store_address", "parse_store_address"]
@@ -47,6 +49,8 @@ STORE_ADDR_ENV = "ASYNCDIST_STORE_ADDR"
 _ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 
+# The probe of an unreachable store retries after 50 ms, doubling up to 1 s.
+_PROBE_FIRST_SECONDS, _PROBE_MAX_SECONDS = 0.05, 1.0
 # How long a process with an impossible rank tries to reach the store to tell
 # the other ranks, before it raises its error all the same.
 _REFUSAL_CONNECT_SECONDS = 3.0
@@ -163,6 +167,7 @@ def parse_store_address(text: str) -> tuple[str, int]:
 def _launcher_store(text: str, rank: int, world_size: int, timeout: float) -> Store:
     """A client of asyncdist's store that a launcher announced in :data:`STORE_ADDR_ENV`."""
     host, port = parse_store_address(text)
+    timeout = _reach(host, port, rank, world_size, timeout)
     try:
         return TCPStore(host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
     except StoreError as exc:
@@ -170,9 +175,42 @@ def _launcher_store(text: str, rank: int, world_size: int, timeout: float) -> St
                               f"({STORE_ADDR_ENV}): {exc}") from exc
 
 
+def _reach(host: str, port: int, rank: int, world_size: int, timeout: float) -> float:
+    """Wait until ``host:port`` accepts a connection, saying so while it does not
+    (see :mod:`.waiting`); return the seconds left of ``timeout``.
+
+    The store's client retries by itself but silently; this probe is what makes
+    an unreachable store visible.
+
+    Raises:
+        RendezvousError: nothing accepted a connection within ``timeout``.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    reports = WaitReports(rank, world_size, f"tcp://{store_address(host, port)}", start, deadline)
+    delay = _PROBE_FIRST_SECONDS
+    while True:
+        now = time.monotonic()
+        try:
+            socket.create_connection((host, port), timeout=max(min(deadline - now, 5.0), 0.01)).close()
+            return max(deadline - time.monotonic(), 0.01)
+        except OSError as exc:
+            now = time.monotonic()
+            if now >= deadline:
+                where = store_address(host, port)
+                raise RendezvousError(f"rank {rank}: cannot use the store at {where}: TCPStore: could not connect "
+                                      f"to the store at {where} within {timeout:g} s: {exc}") from exc
+            if reports.due(now):
+                reports.report_unreachable(now, exc)
+            time.sleep(min(delay, deadline - now))  # blocking: resolve() runs off the loop
+            delay = min(delay * 2, _PROBE_MAX_SECONDS)
+
+
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str]) -> Store:
     served_by_agent = environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1")
     torchs = served_by_agent and agent_store_is_torchs(environ)  # torchrun's agent: torch's protocol
+    if rank != 0 or served_by_agent:
+        timeout = _reach(host, port, rank, world_size, timeout)
     try:
         if torchs:
             return torch_store_client(host, port, timeout)

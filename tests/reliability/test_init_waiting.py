@@ -20,7 +20,7 @@ import pytest
 
 from asyncdist import init_world
 from asyncdist.errors import RendezvousError
-from asyncdist.group.waiting import duration
+from asyncdist.rendezvous.waiting import duration
 
 INIT_MAIN = Path(__file__).with_name("init_main.py")
 
@@ -74,3 +74,17 @@ def test_the_lines_reach_stderr_without_any_logging_set_up() -> None:
                           timeout=60)
     assert json.loads(done.stdout.splitlines()[-1])["error"] == "RendezvousError", done.stdout
     assert f"rank 0: waiting at tcp://127.0.0.1:{port} for rank 1 of 2 (" in done.stderr, done.stderr
+
+
+async def test_a_rank_that_cannot_reach_the_store_says_so_and_keeps_trying(
+        clean_env, caplog: pytest.LogCaptureFixture) -> None:
+    clean_env.setenv("ASYNCDIST_INIT_REPORT_EVERY", "0.3")
+    caplog.set_level(logging.WARNING, logger="asyncdist.rendezvous")
+    port = _free_port()  # nobody listens on it
+    with pytest.raises(RendezvousError, match=f"could not connect to the store at 127.0.0.1:{port} within 1.5 s"):
+        await init_world(f"tcp://127.0.0.1:{port}", rank=1, world_size=2, timeout=1.5)
+    lines = [r.getMessage() for r in caplog.records if r.name == "asyncdist.rendezvous"]
+    assert len(lines) >= 2, lines  # it went on trying after the first report
+    pattern = (rf"rank 1: cannot reach the store at tcp://127\.0\.0\.1:{port}: \[Errno \d+\] Connection refused; "
+               r"retrying \(\d+ s so far; timeout in \d+ s\)")
+    assert all(re.fullmatch(pattern, line) for line in lines), lines

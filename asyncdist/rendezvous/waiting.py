@@ -6,9 +6,15 @@ it has left, then again every ``ASYNCDIST_INIT_REPORT_EVERY`` seconds::
 
     rank 0: waiting at tcp://127.0.0.1:29500 for ranks [2, 3] of 4 (10 s so far; timeout in 29 min 50 s)
 
+A rank that cannot reach the store yet says so in the same rhythm, with
+the OS's reason, while its client keeps retrying::
+
+    rank 1: cannot reach the store at tcp://10.0.0.1:29500: [Errno 111] Connection refused; retrying (10 s so far; timeout in 29 min 50 s)
+
 The lines are WARNINGs on the ``asyncdist.rendezvous`` logger, so they reach
 stderr without any logging set up (Python's last-resort handler prints
-warnings); under ``asyncdist-run`` they arrive behind the worker's prefix.
+warnings); under ``asyncdist-run`` they arrive behind the worker's prefix,
+and a launcher waiting for node 0's store says so in the same rhythm.
 
 This module decides when a report is due and words it; it reads no store
 and owns no clock (the caller passes ``time.monotonic()`` readings).
@@ -22,7 +28,7 @@ from typing import Mapping
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["WaitReports", "REPORT_EVERY_ENV", "duration"]
+__all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every"]
 
 log = logging.getLogger("asyncdist.rendezvous")
 
@@ -51,7 +57,12 @@ def duration(seconds: float) -> str:
     return f"{secs} s"
 
 
-def _interval(environ: Mapping[str, str]) -> float:
+def report_every(environ: Mapping[str, str] = os.environ) -> float:
+    """``ASYNCDIST_INIT_REPORT_EVERY`` in seconds (0: no reports).
+
+    Raises:
+        InvalidArgumentError: not a number >= 0.
+    """
     text = environ.get(REPORT_EVERY_ENV, "").strip()
     if not text:
         return _DEFAULT_EVERY
@@ -82,7 +93,7 @@ class WaitReports:
                  environ: Mapping[str, str] = os.environ) -> None:
         self.rank, self.world_size, self.where = rank, world_size, where
         self._start, self._deadline = start, deadline
-        self._every = _interval(environ)
+        self._every = report_every(environ)
         self._next = start + min(FIRST_REPORT_SECONDS, self._every) if self._every else float("inf")
 
     def due(self, now: float) -> bool:
@@ -93,6 +104,12 @@ class WaitReports:
         """Log that this rank still waits for ``waiting_for``, and when the next report is due."""
         self._next = now + self._every
         log.warning("%s", self.message(now, waiting_for))
+
+    def report_unreachable(self, now: float, error: OSError) -> None:
+        """Log that the store cannot be reached yet, with the OS's reason."""
+        self._next = now + self._every
+        log.warning("rank %d: cannot reach the store at %s: %s; retrying (%s so far; timeout in %s)", self.rank,
+                    self.where, error, duration(now - self._start), duration(self._deadline - now))
 
     def message(self, now: float, waiting_for: list[int]) -> str:
         """The report's words."""
