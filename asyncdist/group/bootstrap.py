@@ -31,7 +31,7 @@ from ..errors import RendezvousError, StoreError, StoreTimeoutError
 from ..wire.handshake import Identity
 from ..transport.heartbeat import HeartbeatConfig
 from ..rendezvous.store import Store
-from ..rendezvous.waiting import WaitReports
+from ..rendezvous.waiting import WaitReports, ranks_text as _ranks
 
 __all__ = ["bootstrap", "refuse", "whoami", "ABORT_LINGER_SECONDS"]
 
@@ -41,6 +41,8 @@ _ABORT_POLL_SECONDS = 0.2
 #: the ranks waiting in it read the abort's message rather than a lost store.
 ABORT_LINGER_SECONDS = 3 * _ABORT_POLL_SECONDS
 _ABORT_KEY = "abort"
+# Set by rank 0 once every rank has published its address: "<world size> <local time>".
+_JOINED_KEY = "joined"
 
 
 async def _abort(store: Store, message: str) -> RendezvousError:
@@ -96,7 +98,15 @@ def whoami() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}"
 
 
-async def _claim(store: Store, rank: int, world_size: int) -> None:
+async def _already_running(store: Store, rank: int, where: str) -> str:
+    """The error of a process that arrives at a rendezvous whose ranks have all joined."""
+    size, _, when = (await store.async_get(_JOINED_KEY)).decode().partition(" ")
+    return (f"rank {rank}: a job is already running at {where}; its ranks {_ranks(list(range(int(size))))} "
+            f"joined at {when}, and this process ({whoami()}) is not one of them: is it a stale process of an "
+            "earlier run? (give a new job its own MASTER_PORT)")
+
+
+async def _claim(store: Store, rank: int, world_size: int, where: str) -> None:
     """Claim ``rank`` and agree on ``world_size``; a conflict aborts every rank.
 
     Raises:
@@ -105,6 +115,8 @@ async def _claim(store: Store, rank: int, world_size: int) -> None:
     """
     me = f"{uuid.uuid4().hex} {whoami()}"  # the token tells two processes apart when the pids match
     owner = (await store.async_compare_set(f"rank/{rank}/owner", "", me)).decode()
+    if owner != me and await store.async_check([_JOINED_KEY]):  # it completed meanwhile: leave it alone
+        raise RendezvousError(await _already_running(store, rank, where))
     if owner != me:
         first = owner.partition(" ")[2]
         raise await _abort(
@@ -142,7 +154,9 @@ async def bootstrap(
     start = time.monotonic()
     deadline = start + timeout
     reports = WaitReports(rank, world_size, where, start, deadline)
-    await _claim(store, rank, world_size)
+    if await store.async_check([_JOINED_KEY]):  # a running job: neither claim nor abort anything of it
+        raise RendezvousError(await _already_running(store, rank, where))
+    await _claim(store, rank, world_size, where)
 
     secret = os.environ.get(SECRET_ENV) or await _shared_value(store, "secret", rank, secrets.token_hex(32), deadline,
                                                                     reports)
@@ -154,6 +168,8 @@ async def bootstrap(
         await store.async_set(f"rank/{rank}/address", f"{listen_host}:{port}")
         keys = {f"rank/{r}/address": r for r in range(world_size)}
         await _wait_keys(store, keys, deadline, reports, "the addresses of all ranks")
+        if rank == 0:  # every rank has claimed its place: a latecomer is not of this job
+            await store.async_set(_JOINED_KEY, f"{world_size} {time.strftime('%Y-%m-%d %H:%M:%S')}")
         addresses = {}
         for peer in range(rank):
             peer_host, _, peer_port = (await store.async_get(f"rank/{peer}/address")).decode().rpartition(":")

@@ -28,7 +28,7 @@ from typing import Mapping
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every"]
+__all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text"]
 
 log = logging.getLogger("asyncdist.rendezvous")
 
@@ -113,12 +113,12 @@ class WaitReports:
 
     def message(self, now: float, waiting_for: list[int]) -> str:
         """The report's words."""
-        who = f"rank {waiting_for[0]}" if len(waiting_for) == 1 else f"ranks {_ranks(waiting_for)}"
+        who = f"rank {waiting_for[0]}" if len(waiting_for) == 1 else f"ranks {ranks_text(waiting_for)}"
         return (f"rank {self.rank}: waiting at {self.where} for {who} of {self.world_size} "
                 f"({duration(now - self._start)} so far; timeout in {duration(self._deadline - now)})")
 
 
-def _ranks(ranks: list[int], shown: int = 16) -> str:
+def ranks_text(ranks: list[int], shown: int = 16) -> str:
     """``[2, 3]``; a long list cut to its first ranks and a count."""
     if len(ranks) <= shown:
         return str(ranks)
