@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from typing import Callable, Iterable, Mapping
 
@@ -49,6 +50,19 @@ _CLOSE_DRAIN_SECONDS = 10.0
 # How long close() then waits for every peer to have read its goodbye (a live
 # peer's loop reads it within milliseconds; a stopped one is not waited for longer).
 _CLOSE_LINGER_SECONDS = 5.0
+
+
+def _goodbye(rank: int, signum: int) -> str:
+    """How a peer's BYE reads: why it left, when its tag names a signal."""
+    if signum == signal.SIGINT:
+        return f"rank {rank} was interrupted (SIGINT)"
+    if signum:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"rank {rank} was stopped ({name})"
+    return f"rank {rank} closed its process group"
 
 
 class Engine:
@@ -87,6 +101,9 @@ class Engine:
         self._abort_watchers: dict[int, Callable[[int, AsyncDistError], None]] = {}
         self._peers_gone: asyncio.Future | None = None  # set once closing and no connection is left
         self.closed = False
+        #: The signal this process is ending by (0: none), told to the peers in
+        #: the BYE frame's tag so that they word the loss by its cause.
+        self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
 
     # -- setup -------------------------------------------------------------
@@ -258,7 +275,7 @@ class Engine:
     def _control_frame(self, rank: int, header: Header) -> None:
         """A frame without a message's payload; a PING's arrival was its point."""
         if header.kind == Kind.BYE:
-            self._peer_lost(rank, PeerLostError(f"rank {rank} closed its process group", rank), orderly=True)
+            self._peer_lost(rank, PeerLostError(_goodbye(rank, header.tag), rank), orderly=True)
         elif header.kind == Kind.ABORT:
             error = error_from_abort(header)
             failed_here = self._mailbox.call_error(header.ctx, header.tag) is not None
@@ -329,7 +346,7 @@ class Engine:
         # must not be what this rank's own receives report.
         self._mailbox.fail_all(ClosedError(f"rank {self.rank}: the process group was destroyed"))
         await self._heartbeat.stop()
-        bye = encode_header(Header(Kind.BYE, 0, self.rank, 0, 0, "uint8", (), 0))
+        bye = encode_header(Header(Kind.BYE, 0, self.rank, self.farewell_signal, 0, "uint8", (), 0))
         drains = []
         for connection in self._connections.values():
             try:

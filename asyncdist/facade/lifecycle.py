@@ -16,6 +16,8 @@ which ``init_process_group`` may be called again.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 
 from datetime import timedelta
 from typing import Any
@@ -67,8 +69,16 @@ _runtime = _Runtime()
 def _close_at_exit() -> None:
     """Destroy the default group of a script that ends without doing so
     (torch's tutorial scripts do): peers then see an orderly goodbye, not a
-    crash that fails their collectives still in flight."""
-    if _runtime.world is not None:
+    crash that fails their collectives still in flight. A script ended by
+    Ctrl-C says so in its goodbye, and its peers' errors read "rank 1 was
+    interrupted (SIGINT)"."""
+    world = _runtime.world
+    if world is not None:
+        # The interpreter keeps the exception that ended the script in
+        # sys.last_value (sys.last_exc from 3.12) before the exit hooks run.
+        ended_by = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+        if isinstance(ended_by, KeyboardInterrupt):
+            world.engine.farewell_signal = signal.SIGINT
         destroy_process_group()
 
 

@@ -19,7 +19,8 @@ from datetime import timedelta
 from ..timeouts import DEFAULT_TIMEOUT
 from ..timeouts import as_seconds
 from .process_group import ProcessGroup
-from .bootstrap import bootstrap
+from .bootstrap import ABORT_LINGER_SECONDS, bootstrap, refuse, whoami
+from ..errors import RendezvousError
 from ..rendezvous.init_method import resolve
 from ..rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
 from ..transport.heartbeat import HeartbeatConfig
@@ -58,6 +59,8 @@ async def init_world(
     Raises:
         RendezvousError: see :func:`asyncdist.rendezvous.init_method.resolve`
             and :func:`asyncdist.group.bootstrap.bootstrap`.
+        InvalidRankError: ``rank`` is negative or not below ``world_size``
+            (the other ranks, told through the store, raise RendezvousError).
         InvalidArgumentError: a bad heartbeat setting.
     """
     seconds = as_seconds(timeout, default=DEFAULT_TIMEOUT.total_seconds(), what="init_world: timeout")
@@ -68,13 +71,21 @@ async def init_world(
         STORE_EXECUTOR,
         lambda: resolve(init_method, rank=rank, world_size=world_size, store=store, timeout=seconds),
     )
+    if plan.refused is not None:  # an impossible rank: tell the others, who wait for a rank that never comes
+        try:
+            await refuse(PrefixStore(store_prefix, plan.store), f"{plan.refused} ({whoami()})")
+        finally:
+            await loop.run_in_executor(STORE_EXECUTOR, plan.store.close)
+        raise plan.refused
     try:
         engine = await bootstrap(
             PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds,
-            heartbeat=heartbeat,
+            heartbeat=heartbeat, where=plan.where,
         )
-    except BaseException:
+    except BaseException as exc:
         if plan.owns_store:
+            if isinstance(exc, RendezvousError) and plan.rank == 0:  # rank 0 may serve the store the others read
+                await asyncio.sleep(ABORT_LINGER_SECONDS)
             plan.store.close()
         raise
     world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds, first_call=0)

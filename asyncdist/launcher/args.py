@@ -1,12 +1,12 @@
 """The command line of ``asyncdist-run``, turned into a :class:`LaunchConfig`.
 
 Flags have torchrun's names, both spellings (``--nproc-per-node`` and
-``--nproc_per_node``), torchrun's defaults and meanings. The flags of
-torchrun's elastic rendezvous (``--rdzv-backend``, ``--rdzv-endpoint``,
-``--rdzv-conf``) and of its log files (``--log-dir``, ``--redirects``,
-``--tee``) are not accepted: asyncdist-run's rendezvous is static (node ranks
-are given) and output goes to the console. An unknown flag is an error, not
-silently ignored.
+``--nproc_per_node``), torchrun's defaults and meanings, the log files
+(``--log-dir``, ``--redirects``, ``--tee``) included. torchrun's flags that
+asyncdist-run does not implement (its elastic rendezvous, ``--rdzv-backend``,
+``--rdzv-endpoint``, ``--rdzv-conf``; ``--start-method``, ...) are refused by
+name, with what to use instead (:data:`NOT_IMPLEMENTED`); any other unknown
+flag is argparse's usage error. None is silently ignored.
 
 This module parses and validates; it starts nothing and opens no socket.
 """
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from .._torch import torch_or_none
 
-__all__ = ["LaunchConfig", "build_parser", "config_from_args", "worker_command", "DEFAULT_PREFIX"]
+__all__ = ["LaunchConfig", "build_parser", "config_from_args", "worker_command", "DEFAULT_PREFIX", "NOT_IMPLEMENTED",
+           "Streams", "streams_of"]
 
 #: What each output line of a worker starts with (``string.Template`` macros
 #: ``${rank}``, ``${local_rank}``, ``${role_name}``, as in torchrun's
@@ -43,6 +44,11 @@ class LaunchConfig:
             ``asyncdist.launch`` without ``--use_env``).
         local_ranks_filter: local ranks whose output is shown; None shows all.
         shutdown_timeout: seconds between SIGTERM and SIGKILL when stopping workers.
+        log_dir: where the workers' log files go (``--log-dir``); None: a fresh
+            temporary directory if ``redirects`` or ``tee`` asks for files.
+        redirects, tee: which streams of which local ranks go to a log file
+            only (``redirects``) or to the file and the console (``tee``); see
+            :func:`streams_of`.
     """
 
     command: tuple[str, ...]
@@ -60,6 +66,9 @@ class LaunchConfig:
     prefix_template: str = DEFAULT_PREFIX
     local_ranks_filter: frozenset[int] | None = None
     shutdown_timeout: float = 5.0
+    log_dir: str | None = None
+    redirects: Streams = ()
+    tee: Streams = ()
 
     @property
     def world_size(self) -> int:
@@ -67,6 +76,70 @@ class LaunchConfig:
 
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.nproc_per_node + local_rank
+
+
+#: torchrun's ``Std`` values: 1 stdout, 2 stderr, 3 both (0 none), per local
+#: rank (``(local_rank, mask)``; local rank -1 stands for every local rank).
+Streams = tuple[tuple[int, int], ...]
+
+
+def streams_of(spec: Streams, local_rank: int) -> int:
+    """The stream mask (1 stdout, 2 stderr, 3 both) that ``spec`` gives ``local_rank``.
+
+    Example:
+        >>> streams_of(((0, 1), (1, 2)), 1)
+        2
+    """
+    mask = 0
+    for rank, bits in spec:
+        if rank in (-1, local_rank):
+            mask = bits
+    return mask
+
+
+def _streams(value: str) -> Streams:
+    """torchrun's ``--redirects``/``--tee``: ``3`` (every local rank) or ``0:1,1:2`` (per local rank)."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    try:
+        if len(parts) == 1 and ":" not in parts[0]:
+            spec: Streams = ((-1, int(parts[0])),)
+        else:
+            spec = tuple((int(rank), int(bits)) for rank, _, bits in (p.partition(":") for p in parts))
+    except ValueError:
+        spec = ((-1, -1),)
+    if not spec or any(not 0 <= bits <= 3 or rank < -1 for rank, bits in spec):
+        raise argparse.ArgumentTypeError(f"must be 0-3 (1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3,..., "
+                                         f"not {value!r}")
+    return spec
+
+
+#: torchrun's flags that asyncdist-run does not implement, and what to use instead.
+NOT_IMPLEMENTED = {
+    "--rdzv-backend": "asyncdist-run's rendezvous is static: give each node --node-rank, and node 0's "
+                      "address as --master-addr and --master-port",
+    "--rdzv-endpoint": "use --master-addr HOST --master-port PORT (node 0's store)",
+    "--rdzv-conf": "asyncdist-run's rendezvous has no options; its timeout is the workers' own "
+                   "(init_process_group(timeout=...))",
+    "--start-method": "workers are always new processes (a fresh interpreter, like 'spawn'); drop the flag",
+    "--monitor-interval": "the launcher sees a worker's exit the moment it happens; drop the flag",
+    "--local-addr": "set ASYNCDIST_HOST to the address this node's workers listen on",
+    "--logs-specs": "use --log-dir, --redirects and --tee",
+    "--run-path": "give the script's path as TRAINING_SCRIPT, or a module with -m",
+    "--numa-binding": "bind with numactl or taskset in front of the command (--no-python)",
+    "--event-log-handler": "asyncdist-run writes no event log; its messages are on stderr",
+    "--signals-to-handle": "asyncdist-run forwards SIGINT, SIGTERM and SIGHUP to the workers",
+    "--virtual-local-rank": "not implemented; LOCAL_RANK is the worker's index on this node",
+}
+
+
+class _NotImplemented(argparse.Action):
+    """A torchrun flag asyncdist-run refuses: the usage error names it and says what to use."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        name = (option_string or self.dest).replace("_", "-")
+        parser.error(f"{option_string} is torchrun's, and asyncdist-run does not implement it: "
+                     f"{NOT_IMPLEMENTED[name]}")
 
 
 def _nproc(value: str) -> int:
@@ -153,6 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {PREFIX_ENV} if set, else '{DEFAULT_PREFIX}').")
     add(*_names("--shutdown-timeout"), type=float, default=5.0, metavar="SECONDS",
         help="When stopping workers, seconds between SIGTERM and SIGKILL (default 5).")
+    add(*_names("--log-dir"), default=None, metavar="LOG_DIR",
+        help="Directory of the workers' log files, LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log, "
+        "written when --redirects or --tee asks for them (default: a new temporary directory).")
+    add("-r", *_names("--redirects"), type=_streams, default=(), metavar="STD",
+        help="Send workers' streams to their log files only: 1 stdout, 2 stderr, 3 both, for every local "
+        "rank, or per local rank as 0:3,1:2 (default: none).")
+    add("-t", "--tee", type=_streams, default=(), metavar="STD",
+        help="Copy workers' streams to their log files as well as the console; values as --redirects.")
+    for flag in NOT_IMPLEMENTED:
+        add(*_names(flag), action=_NotImplemented, nargs="?", help=argparse.SUPPRESS)
     add("training_script", metavar="TRAINING_SCRIPT",
         help="The program to run (a .py file, or a module with -m), followed by its own arguments.")
     add("training_script_args", nargs=argparse.REMAINDER, metavar="...",
@@ -205,4 +288,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         prefix_template=template,
         local_ranks_filter=args.local_ranks_filter,
         shutdown_timeout=args.shutdown_timeout,
+        log_dir=args.log_dir,
+        redirects=args.redirects,
+        tee=args.tee,
     )

@@ -30,7 +30,9 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import tempfile
 import uuid
+from pathlib import Path
 from datetime import timedelta
 from string import Template
 from typing import Mapping
@@ -39,7 +41,7 @@ from ..errors import StoreError
 from .._config import JOB_ID_ENV, SECRET_ENV
 from ..rendezvous.init_method import AGENT_STORE_ENV, STORE_ADDR_ENV
 from ..rendezvous.torch_store import AGENT_STORE_KIND_ENV
-from .args import LaunchConfig
+from .args import LaunchConfig, streams_of
 from .stores import JOIN_TIMEOUT, LaunchError, open_stores, store_kind
 
 __all__ = ["Job", "LaunchError"]
@@ -73,6 +75,7 @@ class Job:
         self.stores = open_stores(config, self.secret, store_kind(environ))
         self.store = self.stores.store  # asyncdist's: the exit barrier runs on it
         self.port = self.stores.master_port
+        self._log_root: Path | None = None  # made when the first log file is
 
     def begin_attempt(self, restart_count: int, timeout: float) -> bool:
         """Get the stores ready for attempt ``restart_count`` (blocking; see
@@ -125,6 +128,31 @@ class Job:
         local_rank_arg = [f"--local_rank={local_rank}"] if cfg.local_rank_arg else []
         args = [arg.replace("${local_rank}", str(local_rank)) for arg in cfg.script_args]
         return [*cfg.command, *local_rank_arg, *args]
+
+    def log_files(self, local_rank: int, restart_count: int) -> dict[int, Path]:
+        """The log file of each of this worker's streams (1 stdout, 2 stderr) that
+        ``--redirects`` or ``--tee`` sends to one; its folder is made here.
+
+        torchrun's layout: ``LOG_DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log``.
+        """
+        cfg = self.config
+        mask = streams_of(cfg.redirects, local_rank) | streams_of(cfg.tee, local_rank)
+        if not mask:
+            return {}
+        if self._log_root is None:
+            base = Path(cfg.log_dir) if cfg.log_dir else Path(tempfile.mkdtemp(prefix="asyncdist-run_"))
+            self._log_root = base / (self.job_id or "none")
+            print(f"asyncdist-run: the workers' log files are under {self._log_root}", file=sys.stderr, flush=True)
+        folder = self._log_root / f"attempt_{restart_count}" / str(local_rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        return {fd: folder / f"{name}.log" for fd, name in ((1, "stdout"), (2, "stderr")) if mask & fd}
+
+    def to_console(self, local_rank: int) -> tuple[bool, bool]:
+        """Whether this worker's stdout and stderr are shown (not filtered out, not redirected)."""
+        cfg = self.config
+        shown = cfg.local_ranks_filter is None or local_rank in cfg.local_ranks_filter
+        redirected = streams_of(cfg.redirects, local_rank) & ~streams_of(cfg.tee, local_rank)
+        return shown and not redirected & 1, shown and not redirected & 2
 
     def prefix(self, local_rank: int) -> bytes:
         """What each output line of this worker starts with."""

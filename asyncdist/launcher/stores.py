@@ -47,6 +47,7 @@ stops its server.
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -56,6 +57,7 @@ from .._torch import torch_or_none
 from ..errors import StoreError, StoreTimeoutError
 from ..rendezvous.init_method import store_address
 from ..rendezvous.tcp_store import TCPStore
+from ..rendezvous.waiting import FIRST_REPORT_SECONDS, duration, report_every
 from ..rendezvous.torch_store import AGENT_STORE_KIND_ENV, TorchStore, torch_store_client, torch_store_server
 from .args import LaunchConfig
 
@@ -202,7 +204,10 @@ def _wait_for_listener(host: str, port: int, timeout: float) -> None:
     Raises:
         LaunchError: nothing listened within ``timeout`` seconds.
     """
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    every = report_every()
+    report_at = start + min(FIRST_REPORT_SECONDS, every) if every else float("inf")
     delay = _PROBE_FIRST
     while True:
         remaining = deadline - time.monotonic()
@@ -212,6 +217,12 @@ def _wait_for_listener(host: str, port: int, timeout: float) -> None:
         except OSError as exc:
             if remaining <= 0:
                 raise LaunchError(f"cannot reach node 0's store at {host}:{port} within {timeout:g} s: {exc}") from exc
+            now = time.monotonic()
+            if now >= report_at:  # never a silent wait: see asyncdist.rendezvous.waiting
+                report_at = now + every
+                print(f"asyncdist-run: waiting for node 0's store at {host}:{port}: {exc}; retrying "
+                      f"({duration(now - start)} so far; timeout in {duration(deadline - now)})",
+                      file=sys.stderr, flush=True)
         time.sleep(min(delay, max(remaining, 0)))  # polling for node 0, as asyncdist's own client does
         delay = min(delay * 2, _PROBE_MAX)
 

@@ -134,16 +134,19 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
     even while a child it left behind still holds its pipes (asyncio's
     ``Process.wait`` would wait for those pipes too); ``closed`` resolves once
     the pipes are closed as well. Output is copied line by line behind
-    ``prefix``; ``consoles`` is None for a worker whose output is filtered out.
+    ``prefix`` to the consoles (None for a stream that is filtered out or
+    redirected), and as it comes to the stream's log file, if it has one.
     """
 
-    def __init__(self, prefix: bytes, consoles: tuple[_Console, _Console] | None) -> None:
+    def __init__(self, prefix: bytes, consoles: tuple[_Console | None, _Console | None],
+                 files: dict[int, BinaryIO] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.exited: asyncio.Future[int] = loop.create_future()
         self.closed: asyncio.Future[None] = loop.create_future()
         self.transport: asyncio.SubprocessTransport | None = None
         self._prefix = prefix
         self._consoles = consoles
+        self._files = files or {}
         self._partial = {1: b"", 2: b""}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -153,16 +156,25 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
         self.transport = cast(asyncio.SubprocessTransport, transport)
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
-        if self._consoles is None:
+        file = self._files.get(fd)
+        if file is not None:
+            file.write(data)
+            file.flush()
+        console = self._consoles[fd - 1]
+        if console is None:
             return
         *lines, self._partial[fd] = (self._partial[fd] + data).split(b"\n")
         if lines:
-            self._consoles[fd - 1].write(b"".join(self._prefix + line + b"\n" for line in lines))
+            console.write(b"".join(self._prefix + line + b"\n" for line in lines))
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         rest, self._partial[fd] = self._partial.get(fd, b""), b""
-        if rest and self._consoles is not None:  # a last line without its newline
-            self._consoles[fd - 1].write(self._prefix + rest + b"\n")
+        console = self._consoles[fd - 1] if fd in (1, 2) else None
+        if rest and console is not None:  # a last line without its newline
+            console.write(self._prefix + rest + b"\n")
+        file = self._files.pop(fd, None)
+        if file is not None:
+            file.close()
 
     def process_exited(self) -> None:
         assert self.transport is not None
@@ -171,6 +183,9 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
             self.exited.set_result(code)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -191,8 +206,13 @@ class _Worker:
 
 async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[_Console, _Console]) -> _Worker:
     argv = job.worker_argv(local_rank)
-    shown = job.config.local_ranks_filter is None or local_rank in job.config.local_ranks_filter
-    protocol = _WorkerProtocol(job.prefix(local_rank), consoles if shown else None)
+    out_shown, err_shown = job.to_console(local_rank)
+    try:
+        files = {fd: cast(BinaryIO, open(path, "ab")) for fd, path in job.log_files(local_rank, restart_count).items()}
+    except OSError as exc:
+        raise LaunchError(f"cannot write the log files of local rank {local_rank}: {exc}") from exc
+    protocol = _WorkerProtocol(job.prefix(local_rank), (consoles[0] if out_shown else None,
+                                                        consoles[1] if err_shown else None), files)
     try:
         transport, _ = await asyncio.get_running_loop().subprocess_exec(
             lambda: protocol,
@@ -205,6 +225,8 @@ async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[
             preexec_fn=_die_with_launcher(),
         )
     except OSError as exc:
+        for file in files.values():
+            file.close()
         raise LaunchError(f"cannot start local rank {local_rank} ({' '.join(argv)}): {exc}") from exc
     return _Worker(local_rank, job.config.global_rank(local_rank), transport.get_pid(), protocol)
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import InvalidArgumentError, InvalidRankError, RendezvousError, StoreError
@@ -34,6 +35,7 @@ from .file_store import FileStore
 from .environments import LAUNCHER_HINT, AttemptStore, placement
 from .store import Store
 from .tcp_store import TCPStore
+from .waiting import WaitReports
 from .torch_store import AGENT_STORE_KIND_ENV, agent_store_is_torchs, torch_store_client
 
 __all__ = ["Plan", "resolve", "HOST_ENV", "AGENT_STORE_ENV", "STORE_ADDR_ENV", "store_address", "parse_store_address"]
@@ -47,12 +49,24 @@ STORE_ADDR_ENV = "ASYNCDIST_STORE_ADDR"
 _ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 
+# The probe of an unreachable store retries after 50 ms, doubling up to 1 s.
+_PROBE_FIRST_SECONDS, _PROBE_MAX_SECONDS = 0.05, 1.0
+# How long a process with an impossible rank tries to reach the store to tell
+# the other ranks, before it raises its error all the same.
+_REFUSAL_CONNECT_SECONDS = 3.0
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What the rendezvous needs: a store, who we are, and where to listen.
 
     Attributes:
         owns_store: True when the store was made here and must be closed with the group.
+        where: the store's address as users wrote it (``tcp://host:port``,
+            ``file:///path``), for the messages of a rank that waits.
+        refused: this process's rank is impossible (negative, or not below the
+            world size): the caller tells the other ranks through ``store``,
+            which they share, and raises this error instead of joining.
     """
 
     store: Store
@@ -60,6 +74,8 @@ class Plan:
     world_size: int
     host: str
     owns_store: bool
+    where: str = "the store"
+    refused: InvalidRankError | None = None
 
 
 def _int(value: str, name: str) -> int:
@@ -72,8 +88,35 @@ def _int(value: str, name: str) -> int:
 def _check_rank(rank: int, world_size: int) -> None:
     if world_size < 1:
         raise InvalidArgumentError(f"world_size must be a positive integer, got {world_size}")
-    if not 0 <= rank < world_size:
+    if rank < 0:
+        raise InvalidRankError(f"rank {rank} is negative: it must be in [0, {world_size}) for world_size={world_size}")
+    if rank >= world_size:
         raise InvalidRankError(f"rank {rank} is out of range: it must be in [0, {world_size}) for world_size={world_size}")
+
+
+def _rank_error(rank: int, world_size: int) -> InvalidRankError | None:
+    """The error of an impossible rank, which the other ranks can be told of;
+    a world size below 1 is raised at once (no rank could be in range)."""
+    try:
+        _check_rank(rank, world_size)
+    except InvalidRankError as exc:
+        return exc
+    return None
+
+
+def _check_resolves(host: str, port: int, rank: int, what: str) -> None:
+    """Fail at once on a host name that does not resolve (the store's client
+    would retry it until the timeout); a temporary DNS failure is left to retry.
+
+    Raises:
+        RendezvousError: ``host`` is not a known name.
+    """
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno == socket.EAI_AGAIN:
+            return
+        raise RendezvousError(f"rank {rank}: {what} {host!r} does not resolve: {exc.strerror}") from exc
 
 
 def advertise_host(master: str | None, environ: Mapping[str, str]) -> str:
@@ -124,6 +167,7 @@ def parse_store_address(text: str) -> tuple[str, int]:
 def _launcher_store(text: str, rank: int, world_size: int, timeout: float) -> Store:
     """A client of asyncdist's store that a launcher announced in :data:`STORE_ADDR_ENV`."""
     host, port = parse_store_address(text)
+    timeout = _reach(host, port, rank, world_size, timeout)
     try:
         return TCPStore(host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
     except StoreError as exc:
@@ -131,9 +175,42 @@ def _launcher_store(text: str, rank: int, world_size: int, timeout: float) -> St
                               f"({STORE_ADDR_ENV}): {exc}") from exc
 
 
+def _reach(host: str, port: int, rank: int, world_size: int, timeout: float) -> float:
+    """Wait until ``host:port`` accepts a connection, saying so while it does not
+    (see :mod:`.waiting`); return the seconds left of ``timeout``.
+
+    The store's client retries by itself but silently; this probe is what makes
+    an unreachable store visible.
+
+    Raises:
+        RendezvousError: nothing accepted a connection within ``timeout``.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    reports = WaitReports(rank, world_size, f"tcp://{store_address(host, port)}", start, deadline)
+    delay = _PROBE_FIRST_SECONDS
+    while True:
+        now = time.monotonic()
+        try:
+            socket.create_connection((host, port), timeout=max(min(deadline - now, 5.0), 0.01)).close()
+            return max(deadline - time.monotonic(), 0.01)
+        except OSError as exc:
+            now = time.monotonic()
+            if now >= deadline:
+                where = store_address(host, port)
+                raise RendezvousError(f"rank {rank}: cannot use the store at {where}: TCPStore: could not connect "
+                                      f"to the store at {where} within {timeout:g} s: {exc}") from exc
+            if reports.due(now):
+                reports.report_unreachable(now, exc)
+            time.sleep(min(delay, deadline - now))  # blocking: resolve() runs off the loop
+            delay = min(delay * 2, _PROBE_MAX_SECONDS)
+
+
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str]) -> Store:
     served_by_agent = environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1")
     torchs = served_by_agent and agent_store_is_torchs(environ)  # torchrun's agent: torch's protocol
+    if rank != 0 or served_by_agent:
+        timeout = _reach(host, port, rank, world_size, timeout)
     try:
         if torchs:
             return torch_store_client(host, port, timeout)
@@ -141,6 +218,17 @@ def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float,
     except StoreError as exc:
         hint = f" (if torchrun serves it, set {AGENT_STORE_KIND_ENV}=torch)" if served_by_agent and not torchs else ""
         raise RendezvousError(f"rank {rank}: cannot use the store at {host}:{port}: {exc}{hint}") from exc
+
+
+def _refusing(refused: InvalidRankError | None, make: Callable[..., Store], *args: Any) -> Store:
+    """``make(*args)``; for a process with an impossible rank, its own error
+    when the store cannot be reached either (it only wanted to tell the others)."""
+    if refused is None:
+        return make(*args)
+    try:
+        return make(*args)
+    except RendezvousError:
+        raise refused from None
 
 
 def resolve(
@@ -192,27 +280,39 @@ def resolve(
         if world_size < 0:
             world_size = (_int(environ["WORLD_SIZE"], "WORLD_SIZE") if environ.get("WORLD_SIZE") or not found
                           else found.world_size)
-        _check_rank(rank, world_size)
+        refused = _rank_error(rank, world_size)
+        if refused is not None:  # a client for a moment, to tell the others
+            timeout = min(timeout, _REFUSAL_CONNECT_SECONDS)
         if launcher_store:  # asyncdist-run's own store, beside torch's at MASTER_ADDR:MASTER_PORT
-            attempt = AttemptStore(_launcher_store(launcher_store, rank, world_size, timeout), environ)
-            return Plan(attempt, rank, world_size, advertise_host(attempt.host, environ), owns_store=True)
+            attempt = AttemptStore(_refusing(refused, _launcher_store, launcher_store, rank, world_size, timeout),
+                                   environ)
+            return Plan(attempt, rank, world_size, advertise_host(attempt.host, environ), owns_store=True,
+                        where=f"tcp://{launcher_store}", refused=refused)
         host, port = environ["MASTER_ADDR"], _int(environ["MASTER_PORT"], "MASTER_PORT")
-        made = _tcp_store(host, port, rank, world_size, timeout, environ)
+        _check_resolves(host, port, rank, "MASTER_ADDR")
+        made = _refusing(refused, _tcp_store, host, port, rank, world_size, timeout, environ)
         if environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1"):
             made = AttemptStore(made, environ)  # a restarted group must not see the last attempt's keys
-        return Plan(made, rank, world_size, advertise_host(host, environ), owns_store=True)
+        return Plan(made, rank, world_size, advertise_host(host, environ), owns_store=True,
+                    where=f"tcp://{store_address(host, port)}", refused=refused)
 
     if rank < 0 or world_size < 0:
         raise InvalidArgumentError(f"{url.scheme}:// rendezvous needs rank and world_size (arguments or URL query)")
-    _check_rank(rank, world_size)
     if url.scheme == "tcp":
         if not url.hostname or url.port is None:
             raise InvalidArgumentError(f"tcp:// init_method needs host and port, got {init_method!r}")
-        made = _tcp_store(url.hostname, url.port, rank, world_size, timeout, environ)
-        return Plan(made, rank, world_size, advertise_host(url.hostname, environ), owns_store=True)
+        refused = _rank_error(rank, world_size)
+        if refused is not None:
+            timeout = min(timeout, _REFUSAL_CONNECT_SECONDS)
+        _check_resolves(url.hostname, url.port, rank, "the host of the tcp:// init_method")
+        made = _refusing(refused, _tcp_store, url.hostname, url.port, rank, world_size, timeout, environ)
+        return Plan(made, rank, world_size, advertise_host(url.hostname, environ), owns_store=True,
+                    where=f"tcp://{store_address(url.hostname, url.port)}", refused=refused)
+    _check_rank(rank, world_size)
     if url.scheme == "file":
         path = url.path if not url.netloc else url.netloc + url.path
         if not path:
             raise InvalidArgumentError(f"file:// init_method needs a path, got {init_method!r}")
-        return Plan(FileStore(path, world_size), rank, world_size, advertise_host(None, environ), owns_store=True)
+        return Plan(FileStore(path, world_size), rank, world_size, advertise_host(None, environ), owns_store=True,
+                    where=f"file://{path}")
     raise InvalidArgumentError(f"unsupported init_method {init_method!r}: use env://, tcp://host:port or file:///path")

@@ -21,8 +21,8 @@ PAGE = ROOT / "docs" / "troubleshooting.md"
 
 _TEXT_BLOCK = re.compile(r"^```text\n(.*?)^```", re.M | re.S)
 # The parts of a message that vary between runs: numbers, quoted names, [lists],
-# dtype[shape]s, host:port addresses, call #N; what is left between them is fixed text.
-_VARYING = re.compile(r"\[[^\]]*\]|'[^']*'|\d+(\.\d+)?( s\b)?|\w+\[[^\]]*\]|\([^()]*\)")
+# dtype[shape]s, host:port addresses, URLs, call #N; what is left between them is fixed text.
+_VARYING = re.compile(r"\b[a-z]+://[^\s,;)]+|\[[^\]]*\]|'[^']*'|\d+(\.\d+)?( s\b)?|\w+\[[^\]]*\]|\([^()]*\)")
 
 
 def quoted_messages() -> list[tuple[str, str]]:
@@ -46,7 +46,7 @@ MESSAGES = quoted_messages()
 
 
 # Text that the operating system writes (strerror), not asyncdist.
-OS_TEXT = ("Address already in use", "Connection refused")
+OS_TEXT = ("Address already in use", "Connection refused", "Name or service not known")
 # A word that code fills in: an identifier, a dtype, an op, a path or a number.
 _FILLED = re.compile(r"^[\w.]*[_./#\d][\w.]*$|^(sum|int|float|recv|send|dst|src|tensor|torch|nccl|gloo|"
                      r"ranks?|destination|source|broadcast|reduce|gather|scatter|barrier)$")

@@ -221,3 +221,16 @@ def test_other_nodes_start_a_restart_only_once_node_zero_renewed_torchs_store() 
             node1.close()
     finally:
         node0.close()
+
+
+def test_a_launcher_waiting_for_node_0_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("ASYNCDIST_INIT_REPORT_EVERY", "0.3")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens on it once closed
+    with pytest.raises(LaunchError, match=f"cannot reach node 0's store at 127.0.0.1:{port} within 1.2 s"):
+        stores_module._wait_for_listener("127.0.0.1", port, 1.2)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "waiting for node 0" in line]
+    assert len(lines) >= 2, lines
+    assert lines[0].startswith(f"asyncdist-run: waiting for node 0's store at 127.0.0.1:{port}: "), lines
+    assert "Connection refused; retrying (" in lines[0] and "so far; timeout in" in lines[0], lines

@@ -86,7 +86,7 @@ HELP_FLAGS = [
     "--master-addr", "--master_addr", "--master-port", "--master_port", "--standalone",
     "--rdzv-id", "--rdzv_id", "--max-restarts", "--max_restarts", "--role", "-m, --module",
     "--no-python", "--no_python", "--local-ranks-filter", "--local_ranks_filter",
-    "--log-line-prefix-template", "--shutdown-timeout", "TRAINING_SCRIPT",
+    "--log-line-prefix-template", "--shutdown-timeout", "--log-dir", "--redirects", "--tee", "TRAINING_SCRIPT",
 ]
 
 
@@ -384,3 +384,41 @@ def test_store_port_in_use_is_reported(tmp_path: Path) -> None:
         result = _run([*RUN, "--master-port", str(port), "job.py"], tmp_path)
     assert result.returncode == 1
     assert f"asyncdist-run: error: cannot serve the job's store on 127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "instead"),
+    [
+        (["--rdzv-backend", "c10d"], "--master-addr and --master-port"),
+        (["--rdzv_endpoint=10.0.0.1:29400"], "--master-addr HOST --master-port PORT"),
+        (["--start-method", "fork"], "always new processes"),
+        (["--monitor-interval", "5"], "drop the flag"),
+    ],
+)
+def test_torchrun_flags_not_implemented_are_named_with_what_to_use(tmp_path: Path, flag: list[str],
+                                                                   instead: str) -> None:
+    result = _run([*RUN, *flag, "job.py"], tmp_path)
+    assert result.returncode == 2
+    name = flag[0].partition("=")[0]
+    assert f"{name} is torchrun's, and asyncdist-run does not implement it: " in result.stderr, result.stderr
+    assert instead in result.stderr, result.stderr
+
+
+def test_redirects_tee_and_log_dir(tmp_path: Path) -> None:
+    script = _script(tmp_path, """
+        import os, sys
+        print(f"out of {os.environ['LOCAL_RANK']}", flush=True)
+        print(f"err of {os.environ['LOCAL_RANK']}", file=sys.stderr, flush=True)
+    """)
+    logs = tmp_path / "logs"
+    # local rank 0: stdout to its file only; local rank 1: stderr to its file and the console
+    result = _run([*RUN, "--nproc-per-node", "2", "--rdzv-id", "run7", "--log-dir", str(logs),
+                   "--redirects", "0:1", "--tee", "1:2", str(script)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert _by_rank(result.stdout) == {1: ["out of 1"]}  # rank 0's stdout went to its file only
+    assert _by_rank(result.stderr) == {0: ["err of 0"], 1: ["err of 1"]}
+    attempt = logs / "run7" / "attempt_0"
+    assert (attempt / "0" / "stdout.log").read_text() == "out of 0\n"
+    assert (attempt / "1" / "stderr.log").read_text() == "err of 1\n"
+    assert sorted(p.relative_to(attempt).as_posix() for p in attempt.rglob("*.log")) == [
+        "0/stdout.log", "1/stderr.log"]

@@ -108,7 +108,7 @@ async def test_the_same_rank_twice_fails_both() -> None:
     )
     store.close()
     assert all(isinstance(r, RendezvousError) for r in results), results
-    assert all("rank 0 was claimed by 2 processes" in str(r) for r in results), results
+    assert all("rank 0 is claimed by two processes" in str(r) for r in results), results
 
 
 async def test_a_rank_that_never_comes_fails_the_others_within_the_timeout() -> None:

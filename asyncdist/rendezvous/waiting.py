@@ -1,0 +1,125 @@
+"""What a rank waiting in the rendezvous tells its user, and when.
+
+Init never waits silently. A rank that has waited :data:`FIRST_REPORT_SECONDS`
+for other ranks logs one line saying where it waits, for whom and how long
+it has left, then again every ``ASYNCDIST_INIT_REPORT_EVERY`` seconds::
+
+    rank 0: waiting at tcp://127.0.0.1:29500 for ranks [2, 3] of 4 (10 s so far; timeout in 29 min 50 s)
+
+A rank that cannot reach the store yet says so in the same rhythm, with
+the OS's reason, while its client keeps retrying::
+
+    rank 1: cannot reach the store at tcp://10.0.0.1:29500: [Errno 111] Connection refused; retrying (10 s so far; timeout in 29 min 50 s)
+
+The lines are WARNINGs on the ``asyncdist.rendezvous`` logger, so they reach
+stderr without any logging set up (Python's last-resort handler prints
+warnings); under ``asyncdist-run`` they arrive behind the worker's prefix,
+and a launcher waiting for node 0's store says so in the same rhythm.
+
+This module decides when a report is due and words it; it reads no store
+and owns no clock (the caller passes ``time.monotonic()`` readings).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping
+
+from ..errors import InvalidArgumentError
+
+__all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text"]
+
+log = logging.getLogger("asyncdist.rendezvous")
+
+#: Seconds between two reports of a rank still waiting; ``0`` turns them off.
+REPORT_EVERY_ENV = "ASYNCDIST_INIT_REPORT_EVERY"
+_DEFAULT_EVERY = 30.0
+#: The first report comes after this long (or after the interval, if shorter):
+#: a healthy job's ranks usually arrive within a few seconds of each other.
+FIRST_REPORT_SECONDS = 10.0
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: ``"10 s"``, ``"29 min 50 s"``, ``"2 h 5 min"``.
+
+    Example:
+        >>> duration(1790)
+        '29 min 50 s'
+    """
+    whole = max(int(round(seconds)), 0)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    return f"{secs} s"
+
+
+def report_every(environ: Mapping[str, str] = os.environ) -> float:
+    """``ASYNCDIST_INIT_REPORT_EVERY`` in seconds (0: no reports).
+
+    Raises:
+        InvalidArgumentError: not a number >= 0.
+    """
+    text = environ.get(REPORT_EVERY_ENV, "").strip()
+    if not text:
+        return _DEFAULT_EVERY
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise InvalidArgumentError(f"{REPORT_EVERY_ENV} must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
+class WaitReports:
+    """When a waiting rank reports, and the words of its report.
+
+    Args:
+        rank, world_size: who waits, in a job of how many.
+        where: the rendezvous's address as the user wrote it.
+        start, deadline: ``time.monotonic()`` readings: when the rendezvous began
+            and when it times out.
+        environ: where ``ASYNCDIST_INIT_REPORT_EVERY`` is read.
+
+    Raises:
+        InvalidArgumentError: ``ASYNCDIST_INIT_REPORT_EVERY`` is not a number >= 0.
+    """
+
+    def __init__(self, rank: int, world_size: int, where: str, start: float, deadline: float,
+                 environ: Mapping[str, str] = os.environ) -> None:
+        self.rank, self.world_size, self.where = rank, world_size, where
+        self._start, self._deadline = start, deadline
+        self._every = report_every(environ)
+        self._next = start + min(FIRST_REPORT_SECONDS, self._every) if self._every else float("inf")
+
+    def due(self, now: float) -> bool:
+        """True when a report should be logged now."""
+        return now >= self._next
+
+    def report(self, now: float, waiting_for: list[int]) -> None:
+        """Log that this rank still waits for ``waiting_for``, and when the next report is due."""
+        self._next = now + self._every
+        log.warning("%s", self.message(now, waiting_for))
+
+    def report_unreachable(self, now: float, error: OSError) -> None:
+        """Log that the store cannot be reached yet, with the OS's reason."""
+        self._next = now + self._every
+        log.warning("rank %d: cannot reach the store at %s: %s; retrying (%s so far; timeout in %s)", self.rank,
+                    self.where, error, duration(now - self._start), duration(self._deadline - now))
+
+    def message(self, now: float, waiting_for: list[int]) -> str:
+        """The report's words."""
+        who = f"rank {waiting_for[0]}" if len(waiting_for) == 1 else f"ranks {ranks_text(waiting_for)}"
+        return (f"rank {self.rank}: waiting at {self.where} for {who} of {self.world_size} "
+                f"({duration(now - self._start)} so far; timeout in {duration(self._deadline - now)})")
+
+
+def ranks_text(ranks: list[int], shown: int = 16) -> str:
+    """``[2, 3]``; a long list cut to its first ranks and a count."""
+    if len(ranks) <= shown:
+        return str(ranks)
+    return f"[{', '.join(map(str, ranks[:shown]))}, ... and {len(ranks) - shown} more]"
