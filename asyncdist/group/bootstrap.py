@@ -2,6 +2,9 @@
 
 Every rank, through the store:
 
+0. rank 0 marks the rendezvous open; the others wait for that mark, and
+   wait on through a store that is lost meanwhile (the last generation's,
+   stopping on the same port, see :func:`_wait_for_rank_zero`);
 1. claims its rank (a second claim of the same rank is an error) and checks
    that everyone agrees on the world size;
 2. learns the job id and secret (from the environment, or made by rank 0);
@@ -23,7 +26,7 @@ import uuid
 
 from ..engine.engine import Engine
 from .._config import JOB_ID_ENV, SECRET_ENV
-from ..errors import RendezvousError, StoreTimeoutError
+from ..errors import RendezvousError, StoreLostError, StoreTimeoutError
 from ..wire.handshake import Identity
 from ..transport.heartbeat import HeartbeatConfig
 from ..rendezvous.store import Store
@@ -33,6 +36,7 @@ __all__ = ["bootstrap"]
 # How often a waiting rank looks for another rank's abort message.
 _ABORT_POLL_SECONDS = 0.2
 _ABORT_KEY = "abort"
+_OPEN_KEY = "open"  # set by rank 0 first: this rendezvous's store is the one rank 0 uses
 
 
 async def _abort(store: Store, message: str) -> RendezvousError:
@@ -56,6 +60,25 @@ async def _wait_keys(store: Store, keys: list[str], deadline: float, rank: int, 
         except StoreTimeoutError:
             if await store.async_check([_ABORT_KEY]):
                 raise RendezvousError((await store.async_get(_ABORT_KEY)).decode()) from None
+
+
+async def _wait_for_rank_zero(store: Store, rank: int, deadline: float) -> None:
+    """Wait until rank 0 has opened this rendezvous in ``store``.
+
+    After ``destroy_process_group()``, a rank may call ``init_process_group()``
+    while rank 0 still serves the last generation's store on the same port:
+    this rank's connection then lands there, where rank 0 of this generation
+    never writes, and is lost when rank 0 stops it. So nothing is written
+    before rank 0's mark is seen, and a lost store is waited on afresh (the
+    client connects again, to rank 0's new store) until ``deadline``.
+    """
+    while True:
+        try:
+            await _wait_keys(store, [_OPEN_KEY], deadline, rank, "rank 0 to open the rendezvous")
+            return
+        except StoreLostError:
+            if time.monotonic() >= deadline:
+                raise
 
 
 async def _shared_value(store: Store, key: str, rank: int, make: str | None, deadline: float) -> str:
@@ -83,6 +106,10 @@ async def bootstrap(
             after ``timeout`` (the message says which).
     """
     deadline = time.monotonic() + timeout
+    if rank == 0:
+        await store.async_set(_OPEN_KEY, "1")
+    else:
+        await _wait_for_rank_zero(store, rank, deadline)
     claims = await store.async_add(f"rank/{rank}/claims", 1)
     if claims > 1:
         raise await _abort(store, f"rank {rank} was claimed by {claims} processes: duplicate RANK in the job")
