@@ -112,6 +112,10 @@ async def bootstrap(
         await _wait_for_rank_zero(store, rank, deadline)
     claims = await store.async_add(f"rank/{rank}/claims", 1)
     if claims > 1:
+        if await store.async_check([f"rank/{r}/address" for r in range(world_size)]):
+            # Every rank had joined before this one came: not this run's store. Leave that run alone.
+            raise RendezvousError(f"rank {rank}: the store belongs to another run, whose ranks had all joined "
+                                  "before this one came: is an earlier job still running on this MASTER_PORT?")
         raise await _abort(store, f"rank {rank} was claimed by {claims} processes: duplicate RANK in the job")
     agreed = (await store.async_compare_set("world_size", "", str(world_size))).decode()
     if agreed != str(world_size):

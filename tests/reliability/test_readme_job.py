@@ -128,3 +128,19 @@ def test_a_stranger_cannot_read_or_change_a_readme_job_s_store(readme_job) -> No
     for path, mode in ((local_key_path(), 0o600), (os.path.dirname(local_key_path()), 0o700)):
         st = os.stat(path)
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.getuid(), mode), path
+
+
+def test_a_rank_that_finds_another_run_on_its_port_says_so(readme_job, tmp_path: Path) -> None:
+    port, ranks = readme_job
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASYNCDIST_", "TORCHELASTIC_"))}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    late = subprocess.run([sys.executable, "-c", "import asyncdist as dist; dist.init_process_group()"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert late.returncode != 0
+    assert "the store belongs to another run" in late.stderr, late.stderr
+    assert "duplicate RANK" not in late.stderr
+    for rank in ranks:  # the earlier job is left alone
+        rank.stdin.close()
+    for rank in ranks:
+        assert rank.stdout.readline() == "done\n", rank.stderr.read()
