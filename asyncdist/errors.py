@@ -60,6 +60,7 @@ __all__ = [
     "WrongThreadError",
     "RendezvousError",
     "StoreError",
+    "StoreLostError",
     "DistTimeoutError",
     "StoreTimeoutError",
     "OperationTimeoutError",
@@ -203,6 +204,11 @@ class RendezvousError(AsyncDistError):
 
 class StoreError(AsyncDistError, DistStoreError):
     """A key-value store operation failed (connection refused, bad reply)."""
+
+
+class StoreLostError(StoreError):
+    """The connection to the store was lost before the reply came: its server
+    closed it or stopped (as the last generation's store on a port does)."""
 
 
 # -- time ------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 Every rank, through the store:
 
+0. rank 0 marks the rendezvous open; the others wait for that mark, and
+   wait on through a store that is lost meanwhile (the last generation's,
+   stopping on the same port, see :func:`_wait_for_rank_zero`);
 1. claims its rank, by writing who it is (host, pid) under the rank's
    ``owner`` key with compare-and-set: a second process claiming the same rank
    finds the first one there, and both fail naming the two processes; then
@@ -27,7 +30,7 @@ import uuid
 
 from ..engine.engine import Engine
 from .._config import JOB_ID_ENV, SECRET_ENV
-from ..errors import RendezvousError, StoreError, StoreTimeoutError
+from ..errors import RendezvousError, StoreError, StoreLostError, StoreTimeoutError
 from ..wire.handshake import Identity
 from ..transport.heartbeat import HeartbeatConfig
 from ..rendezvous.store import Store
@@ -43,6 +46,7 @@ ABORT_LINGER_SECONDS = 3 * _ABORT_POLL_SECONDS
 _ABORT_KEY = "abort"
 # Set by rank 0 once every rank has published its address: "<world size> <local time>".
 _JOINED_KEY = "joined"
+_OPEN_KEY = "open"  # set by rank 0 first: this rendezvous's store is the one rank 0 uses
 
 
 async def _abort(store: Store, message: str) -> RendezvousError:
@@ -59,9 +63,12 @@ async def refuse(store: Store, message: str) -> None:
         pass
 
 
-async def _wait_keys(store: Store, keys: dict[str, int], deadline: float, reports: WaitReports, what: str) -> None:
+async def _wait_keys(
+    store: Store, keys: dict[str, int], deadline: float, reports: WaitReports, what: str, *, retry_lost: bool = False
+) -> None:
     """Wait for ``keys`` (each the key of one rank) until ``deadline``
-    (time.monotonic), watching for an abort and reporting whom it waits for."""
+    (time.monotonic), watching for an abort and reporting whom it waits for.
+    ``retry_lost``: a lost store raises StoreLostError, for the caller to wait on."""
     while True:
         now = time.monotonic()
         remaining = deadline - now
@@ -80,8 +87,29 @@ async def _wait_keys(store: Store, keys: dict[str, int], deadline: float, report
             if await store.async_check([_ABORT_KEY]):
                 raise RendezvousError((await store.async_get(_ABORT_KEY)).decode()) from None
         except StoreError as exc:
+            if retry_lost and isinstance(exc, StoreLostError):
+                raise
             raise RendezvousError(f"rank {reports.rank}: lost the store at {reports.where} while waiting for "
                                   f"{what}: {exc} (did the rank serving it fail? its error says why)") from exc
+
+
+async def _wait_for_rank_zero(store: Store, deadline: float, reports: WaitReports) -> None:
+    """Wait until rank 0 has opened this rendezvous in ``store``.
+
+    After ``destroy_process_group()``, a rank may call ``init_process_group()``
+    while rank 0 still serves the last generation's store on the same port:
+    this rank's connection then lands there, where rank 0 of this generation
+    never writes, and is lost when rank 0 stops it. So nothing is written
+    before rank 0's mark is seen, and a lost store is waited on afresh (the
+    client connects again, to rank 0's new store) until ``deadline``.
+    """
+    while True:
+        try:
+            await _wait_keys(store, {_OPEN_KEY: 0}, deadline, reports, "rank 0 to open the rendezvous", retry_lost=True)
+            return
+        except StoreLostError:
+            if time.monotonic() >= deadline:
+                raise
 
 
 async def _shared_value(store: Store, key: str, rank: int, make: str | None, deadline: float,
@@ -154,6 +182,10 @@ async def bootstrap(
     start = time.monotonic()
     deadline = start + timeout
     reports = WaitReports(rank, world_size, where, start, deadline)
+    if rank == 0:
+        await store.async_set(_OPEN_KEY, "1")
+    else:
+        await _wait_for_rank_zero(store, deadline, reports)
     if await store.async_check([_JOINED_KEY]):  # a running job: neither claim nor abort anything of it
         raise RendezvousError(await _already_running(store, rank, where))
     await _claim(store, rank, world_size, where)

@@ -29,6 +29,7 @@ arguments, prefix) comes from :class:`~.job.Job`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import os
@@ -47,6 +48,11 @@ __all__ = ["run_job", "FAILURE_EXIT_CODE"]
 FAILURE_EXIT_CODE = 1
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _DRAIN_SECONDS = 5.0  # how long output still in the pipes may take to arrive after the group ended
+_TAIL_LINES = 10  # lines of a failed worker's stderr that the launcher repeats
+# Seconds a failure that relays a peer's (PeerLostError) waits for the
+# failing peer's own exit, so that the launcher names the rank that failed first.
+_SETTLE_SECONDS = 2.0
+_LAST_WORDS_SECONDS = 0.2  # how long a failed worker's stderr is read on after its exit, at most
 _READY_SLICE = 1.0  # seconds per wait for node 0's next attempt, between looks at the signals
 _PR_SET_PDEATHSIG = 1
 
@@ -148,6 +154,10 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
         self._consoles = consoles
         self._files = files or {}
         self._partial = {1: b"", 2: b""}
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=_TAIL_LINES)  # stderr's last lines
+        self.error_at: float | None = None  # loop time of its first traceback on stderr
+        self.relays = False  # its stderr relays a peer's failure (PeerLostError)
+        self.exit_at = 0.0  # loop time of its exit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # asyncio types this hook for every kind of protocol; a subprocess
@@ -160,15 +170,26 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
         if file is not None:
             file.write(data)
             file.flush()
-        console = self._consoles[fd - 1]
-        if console is None:
-            return
         *lines, self._partial[fd] = (self._partial[fd] + data).split(b"\n")
-        if lines:
+        if fd == 2:
+            self._note_errors(lines)
+        console = self._consoles[fd - 1]
+        if lines and console is not None:
             console.write(b"".join(self._prefix + line + b"\n" for line in lines))
+
+    def _note_errors(self, lines: list[bytes]) -> None:
+        """Keep stderr's last lines, when it first showed a traceback, and whether it relays a peer's."""
+        for line in lines:
+            if self.error_at is None and line.startswith(b"Traceback"):
+                self.error_at = asyncio.get_running_loop().time()
+            if b"PeerLostError" in line:
+                self.relays = True
+        self.tail.extend(lines)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         rest, self._partial[fd] = self._partial.get(fd, b""), b""
+        if rest and fd == 2:
+            self._note_errors([rest])
         console = self._consoles[fd - 1] if fd in (1, 2) else None
         if rest and console is not None:  # a last line without its newline
             console.write(self._prefix + rest + b"\n")
@@ -180,6 +201,7 @@ class _WorkerProtocol(asyncio.SubprocessProtocol):
         assert self.transport is not None
         code = self.transport.get_returncode()
         if not self.exited.done() and code is not None:
+            self.exit_at = asyncio.get_running_loop().time()
             self.exited.set_result(code)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -202,6 +224,28 @@ class _Worker:
         killed = f", {_signal_name(-code)}" if code < 0 else ""
         return (f"worker rank {self.rank} exited with code {code} "
                 f"(local rank {self.local_rank}, pid {self.pid}{killed})")
+
+    def stderr_tail(self) -> str:
+        """Its last lines on stderr, indented, for the launcher's report."""
+        return "".join(f"\n    {line.decode(errors='replace')}" for line in self.protocol.tail)
+
+
+def _blame(failed: list[_Worker], workers: list[_Worker]) -> _Worker:
+    """The worker that failed first, given the ones that exited non-zero, in order.
+
+    A rank that fails makes its peers fail a moment later with a
+    PeerLostError that names it, and a peer may exit before it (the failing
+    rank still runs its exit hooks). So the first to fail is the first to exit
+    non-zero without relaying a peer's error, else the first whose stderr
+    showed a traceback that relays none, else the first to exit non-zero.
+    """
+    for worker in failed:
+        if not worker.protocol.relays:
+            return worker
+    raised = [w for w in workers if w.protocol.error_at is not None and not w.protocol.relays]
+    if raised:
+        return min(raised, key=lambda w: w.protocol.error_at or 0.0)
+    return failed[0]
 
 
 async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[_Console, _Console]) -> _Worker:
@@ -271,25 +315,38 @@ async def _run_group(job: Job, restart_count: int, signals: _Signals,
         # one blamed, not a peer that failed a moment later because it was gone.
         watched = [asyncio.ensure_future(_exit_of(w)) for w in workers]
         interrupted = asyncio.ensure_future(signals.wait_beyond(len(signals.received)))
-        running = len(workers)
+        failed: list[_Worker] = []
+        settle: float | None = None  # loop time until which relayed failures wait for their cause
+        loop = asyncio.get_running_loop()
+        pending: set[asyncio.Future] = {*watched, interrupted}
         try:
-            for next_event in asyncio.as_completed([*watched, interrupted]):
-                worker = await next_event
-                if worker is None:
+            while True:
+                timeout = None if settle is None else max(settle - loop.time(), 0.0)
+                done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # the settling time is over
+                    break
+                if interrupted in done:
                     outcome = signals.received[-1]
-                elif worker.protocol.exited.result() != 0:
-                    outcome = worker
-                else:
-                    running -= 1
-                if outcome is not None or running == 0:
+                    break
+                for worker in sorted((t.result() for t in done), key=lambda w: w.protocol.exit_at):
+                    if worker.protocol.exited.result() != 0:
+                        # Its last words may still be in the pipe (a child it left may hold it open).
+                        await asyncio.wait([worker.protocol.closed], timeout=_LAST_WORDS_SECONDS)
+                        failed.append(worker)
+                        settle = settle or loop.time() + _SETTLE_SECONDS
+                if any(not w.protocol.relays for w in failed):
+                    break
+                if pending == {interrupted}:  # every worker has exited
                     break
         finally:
             for task in (*watched, interrupted):
                 task.cancel()
+        if outcome is None and failed:
+            outcome = _blame(failed, workers)
     finally:
         if isinstance(outcome, _Worker):
-            print(f"asyncdist-run: {outcome.describe_exit()}; stopping the other workers",
-                  file=sys.stderr, flush=True)
+            print(f"asyncdist-run: {outcome.describe_exit()}, the first to fail; stopping the other workers; "
+                  f"the last lines of its stderr:{outcome.stderr_tail()}", file=sys.stderr, flush=True)
         elif isinstance(outcome, int):
             print(f"asyncdist-run: received {_signal_name(outcome)}; stopping the workers",
                   file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ The forms torch.distributed accepts, with its meaning:
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 import time
@@ -30,9 +31,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs, urlparse
 
+from .._config import SECRET_ENV
 from ..errors import InvalidArgumentError, InvalidRankError, RendezvousError, StoreError
 from .file_store import FileStore
 from .environments import LAUNCHER_HINT, AttemptStore, placement
+from .local_key import local_key, local_key_path
 from .store import Store
 from .tcp_store import TCPStore
 from .waiting import WaitReports
@@ -47,6 +50,8 @@ AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 #: belongs to torch's store, for torch scripts).
 STORE_ADDR_ENV = "ASYNCDIST_STORE_ADDR"
 _ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+
+logger = logging.getLogger("asyncdist.store")
 
 
 # The probe of an unreachable store retries after 50 ms, doubling up to 1 s.
@@ -206,17 +211,53 @@ def _reach(host: str, port: int, rank: int, world_size: int, timeout: float) -> 
             delay = min(delay * 2, _PROBE_MAX_SECONDS)
 
 
+def _is_loopback(host: str) -> bool:
+    """True when ``host`` names a loopback address only ("" and 0.0.0.0 are every interface)."""
+    if host in ("", "0.0.0.0", "::"):
+        return False
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback
+                   for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
+    except (OSError, ValueError):
+        return False
+
+
+def _store_secret(host: str, port: int, rank: int, environ: Mapping[str, str]) -> tuple[str | bytes, str]:
+    """The secret of asyncdist's store at ``host:port``, and a hint for its errors.
+
+    ``ASYNCDIST_SECRET`` when set. Otherwise, for a store on loopback (every
+    rank on this host), this user's key (:mod:`.local_key`), so that no other
+    user can read or change the job's keys. Otherwise none, loudly: the job's
+    secret will then be published in a store that anyone who reaches the port can read.
+    """
+    if environ.get(SECRET_ENV):
+        return environ[SECRET_ENV], ""
+    if _is_loopback(host):
+        return local_key(), (f" (without {SECRET_ENV}, the ranks of a job on one host authenticate with this "
+                             f"user's key {local_key_path()}: start every rank as the same user on this host, "
+                             f"or export the same {SECRET_ENV} on every rank)")
+    if rank == 0:
+        logger.warning("rank 0: %s is not set and the store at %s:%d listens beyond loopback: anyone who can "
+                       "reach that port can read the job's secret and change its keys; export the same %s "
+                       "on every rank", SECRET_ENV, host, port, SECRET_ENV)
+    return "", ""
+
+
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str]) -> Store:
     served_by_agent = environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1")
     torchs = served_by_agent and agent_store_is_torchs(environ)  # torchrun's agent: torch's protocol
     if rank != 0 or served_by_agent:
         timeout = _reach(host, port, rank, world_size, timeout)
+    hint = f" (if torchrun serves it, set {AGENT_STORE_KIND_ENV}=torch)" if served_by_agent and not torchs else ""
     try:
         if torchs:
             return torch_store_client(host, port, timeout)
-        return TCPStore(host, port, world_size, is_master=(rank == 0 and not served_by_agent), timeout=timeout, wait_for_workers=False)
+        secret: str | bytes | None = None  # the agent's store: the secret the launcher gave, if any
+        if not served_by_agent:
+            secret, hint = _store_secret(host, port, rank, environ)
+        return TCPStore(host, port, world_size, is_master=(rank == 0 and not served_by_agent), timeout=timeout,
+                        wait_for_workers=False, secret=secret)
     except StoreError as exc:
-        hint = f" (if torchrun serves it, set {AGENT_STORE_KIND_ENV}=torch)" if served_by_agent and not torchs else ""
         raise RendezvousError(f"rank {rank}: cannot use the store at {host}:{port}: {exc}{hint}") from exc
 
 

@@ -20,8 +20,10 @@ Invariants:
 * Each connection serves one request at a time, in order; a connection that
   closes mid-wait cancels its request, whose ``finally`` removes its waiter, so
   no waiter outlives its client.
-* A malformed frame, or more than :data:`_MAX_PIPELINED` queued requests, closes
-  that connection only, logged on ``asyncdist.store``; the server serves on.
+* A malformed frame, more than :data:`_MAX_PIPELINED` queued requests, or more
+  than :data:`~.tcp_protocol.MAX_FRAME_BYTES` of them (a client sends one
+  request at a time, so one connection holds one frame's worth at most),
+  closes that connection only, logged on ``asyncdist.store``; the server serves on.
 * With a secret, a connection is served nothing before it has authenticated
   (:mod:`.tcp_protocol` describes the exchange): any other request is refused
   with ``STATUS_DENIED``, logged, and the connection closed, as is a connection
@@ -93,6 +95,7 @@ class _Connection(asyncio.Protocol):
         self._decoder = FrameDecoder(MAX_FRAME_BYTES if self._gate.open else MAX_AUTH_FRAME_BYTES)
         self._expiry: asyncio.TimerHandle | None = None
         self._pending: collections.deque[bytes] = collections.deque()
+        self._queued = 0  # bytes of the requests in _pending
         self._task: asyncio.Task | None = None
         self._writable = asyncio.Event()
         self._writable.set()
@@ -113,9 +116,13 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self._pending.extend(self._decoder.feed(data))
+            for frame in self._decoder.feed(data):
+                self._pending.append(frame)
+                self._queued += len(frame)
             if len(self._pending) > _MAX_PIPELINED:
                 raise ProtocolError(f"more than {_MAX_PIPELINED} requests queued")
+            if self._queued > MAX_FRAME_BYTES:  # our client sends one request at a time
+                raise ProtocolError(f"more than {MAX_FRAME_BYTES} bytes of requests queued")
         except ProtocolError as exc:
             self.drop(exc)
             return
@@ -127,7 +134,9 @@ class _Connection(asyncio.Protocol):
         try:
             while self._pending:
                 await self._writable.wait()
-                op, args = decode_request(self._pending.popleft())
+                frame = self._pending.popleft()
+                self._queued -= len(frame)
+                op, args = decode_request(frame)
                 if op in (OP_CHALLENGE, OP_AUTH) or not self._gate.open:
                     reply = self._gate.answer(op, args)
                     if reply[0] == STATUS_DENIED:
@@ -158,6 +167,7 @@ class _Connection(asyncio.Protocol):
         self._server.refusals.note("refused", "TCPStore server: refused the connection from %s: %s",
                                    self._peer, reply[1])
         self._pending.clear()
+        self._queued = 0
         self._transport.write(encode_frame(reply))
         self._transport.close()  # after the refusal is written
 

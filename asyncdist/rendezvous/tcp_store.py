@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import select
 import socket
 import threading
 import time
@@ -48,6 +49,7 @@ from ..errors import (
     InvalidArgumentError,
     ProtocolError,
     StoreError,
+    StoreLostError,
     StoreTimeoutError,
 )
 from .store import DEFAULT_TIMEOUT, Store
@@ -105,6 +107,14 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
             raise ConnectionError("the store closed the connection")
         got += k
     return bytes(buf)
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether an idle connection has something to read: between requests the
+    server sends nothing, so that is its close (or a reset), seen without waiting."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class _Client:
@@ -168,7 +178,8 @@ class _Client:
             proof = auth_proof(secret, "client", server_nonce, client_nonce)
             status, answer = self._round_trip(sock, encode_frame([OP_AUTH, client_nonce, proof]))
         except (OSError, ProtocolError) as exc:
-            raise StoreError(f"TCPStore: authenticating with the store at {self.where} failed: {exc}") from exc
+            error = StoreLostError if isinstance(exc, ConnectionError) else StoreError
+            raise error(f"TCPStore: authenticating with the store at {self.where} failed: {exc}") from exc
         if status == STATUS_DENIED:
             raise StoreError(f"TCPStore: the store at {self.where} refused this client: {answer} "
                              "(not the store's secret?)")
@@ -198,6 +209,9 @@ class _Client:
         except FrameTooLargeError as exc:
             raise InvalidArgumentError(f"TCPStore.{OP_NAMES[op]}: {exc}") from None
         sock = getattr(self._local, "sock", None)
+        if sock is not None and _readable(sock):  # the server closed it while idle: start afresh
+            self._discard(sock)
+            sock = None
         if sock is None:
             sock = self._local.sock = self._connect(store_timeout)
         try:
@@ -207,7 +221,8 @@ class _Client:
             self._discard(sock)
             if self._closed:
                 raise ClosedError(f"TCPStore.{OP_NAMES[op]}: the store is closed") from exc
-            error = StoreTimeoutError if isinstance(exc, TimeoutError) else StoreError
+            error = (StoreTimeoutError if isinstance(exc, TimeoutError)
+                     else StoreLostError if isinstance(exc, ConnectionError) else StoreError)
             raise error(f"TCPStore.{OP_NAMES[op]}: no reply from the store at {self.where}: "
                         f"{exc}") from exc
         if status == STATUS_INVALID:
@@ -282,7 +297,7 @@ class TCPStore(Store):
         self._port = port
         self._client = _Client(host_name, port, key)
         try:
-            self._call(OP_JOIN)
+            self._join()
             if is_master and world_size is not None and wait_for_workers:
                 seconds = self._timeout_s
                 status, joined = self._call(OP_WAIT_WORKERS, world_size, seconds, timeout=seconds)
@@ -293,6 +308,27 @@ class TCPStore(Store):
         except BaseException:
             self.close()
             raise
+
+    def _join(self) -> None:
+        """Count this TCPStore among the store's workers.
+
+        A client may reach the store of the last generation on this port
+        while its master stops it (a ``destroy_process_group`` then
+        ``init_process_group`` on one port): a connection lost before the
+        reply is tried again, afresh, until the store's timeout.
+        """
+        deadline = time.monotonic() + self._timeout_s
+        delay = 0.01
+        while True:
+            try:
+                self._call(OP_JOIN)
+                return
+            except StoreLostError:
+                remaining = deadline - time.monotonic()
+                if self._server is not None or remaining <= 0:
+                    raise
+                time.sleep(min(delay, remaining))  # backoff, as when connecting
+                delay = min(delay * 2, 0.5)
 
     @property
     def host(self) -> str:

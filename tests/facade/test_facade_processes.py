@@ -238,3 +238,40 @@ def test_a_root_that_leaves_first_leaves_its_broadcasts_behind() -> None:
     # machine the reset rarely happens, so this guards more than it reproduces.
     expected = [float(i) for i in range(BROADCASTS)]
     assert spawn(2, broadcasts_then_leave, timeout=90) == [expected, expected]
+
+
+CYCLES_ON_ONE_PORT = 200
+_CYCLES_SCRIPT = f"""
+import time
+from datetime import timedelta
+import numpy as np
+import asyncdist as dist
+
+for cycle in range({CYCLES_ON_ONE_PORT}):
+    dist.init_process_group(timeout=timedelta(seconds=30))
+    x = np.ones(1)
+    dist.all_reduce(x)
+    assert x[0] == dist.get_world_size(), (cycle, x)
+    if dist.get_rank() == 0:
+        time.sleep(0.005)  # rank 0 has more to do (log, save): rank 1 is back first
+    dist.destroy_process_group()
+print("cycles", {CYCLES_ON_ONE_PORT})
+"""
+
+
+@pytest.mark.timeout(240)
+def test_destroy_then_init_on_the_same_master_port_many_times(tmp_path: Path) -> None:
+    # Rank 1 is often back in init_process_group while rank 0 still serves the
+    # last cycle's store on the port: it must wait for the new one, not fail.
+    script = tmp_path / "cycles.py"
+    script.write_text(_CYCLES_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASYNCDIST_", "TORCHELASTIC_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(rank),
+                                   "WORLD_SIZE": "2"})
+             for rank in range(2)]
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=220)
+        assert (proc.returncode, out.strip()) == (0, f"cycles {CYCLES_ON_ONE_PORT}"), f"rank {rank}: {err[-3000:]}"

@@ -247,11 +247,36 @@ def test_failing_worker_stops_the_job_and_leaves_no_process(tmp_path: Path) -> N
 
 def _names_rank_1_as_the_cause(stderr: str, prefix: str) -> None:
     """Rank 1 exits with code 3 and says goodbye on its way out, so rank 0's
-    barrier fails at about the same moment: the launcher names whichever
-    worker exited first, and rank 0's error names rank 1."""
-    assert (f"{prefix} rank 1 exited with code 3" in stderr) or (
-        f"{prefix} rank 0 exited with code 1" in stderr and "rank 1 closed its process group" in stderr
-    ), stderr
+    barrier fails at about the same moment, often first: the launcher must
+    still name rank 1, the one whose failure rank 0 relays."""
+    assert f"{prefix} rank 1 exited with code 3" in stderr, stderr
+    assert f"{prefix} rank 0 exited" not in stderr, stderr
+
+
+# Rank 1 raises; its exit is slow (an exit hook of its own runs after asyncdist
+# has said goodbye), so its peers, failing in the all_reduce, exit first.
+RAISING_SCRIPT = """
+import atexit, os, time
+import numpy as np
+import asyncdist as dist
+atexit.register(time.sleep, 1.0)  # runs last: after asyncdist's goodbye
+dist.init_process_group()
+if dist.get_rank() == 1:
+    raise ValueError("rank 1 gives up")
+dist.all_reduce(np.ones(4))
+"""
+
+
+def test_the_rank_that_raised_is_named_not_the_peers_that_relay_it(tmp_path: Path) -> None:
+    script = _script(tmp_path, RAISING_SCRIPT)
+    result = _run([*RUN, "--standalone", "--nproc-per-node", "3", str(script)], tmp_path)
+    assert result.returncode == 1
+    report = [line for line in result.stderr.splitlines() if not line.startswith("[rank")]
+    assert any("asyncdist-run: worker rank 1 exited with code 1" in line and "the first to fail" in line
+               for line in report), result.stderr
+    assert "    ValueError: rank 1 gives up" in report, result.stderr  # its last words, repeated
+    assert "the job failed: worker rank 1 exited with code 1" in result.stderr
+    assert not re.search(r"asyncdist-run: worker rank [02] exited", result.stderr), result.stderr
 
 
 def test_max_restarts_restarts_the_group(tmp_path: Path) -> None:

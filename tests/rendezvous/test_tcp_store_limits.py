@@ -11,7 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from asyncdist.rendezvous import tcp_admission
+from asyncdist.rendezvous import tcp_admission, tcp_server
+from asyncdist.rendezvous.tcp_protocol import OP_GET, OP_SET, encode_frame
 from asyncdist.rendezvous.tcp_store import TCPStore
 
 SECRET = "s3cret-of-the-job"
@@ -108,4 +109,24 @@ def test_incomplete_frames_hold_a_bounded_number_of_bytes(monkeypatch) -> None:
     finally:
         for s in socks:
             s.close()
+        master.close()
+
+
+@pytest.mark.timeout(30)
+def test_one_connection_queues_at_most_one_frame_s_worth_of_requests(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(tcp_server, "MAX_FRAME_BYTES", 2**20)
+    master = _master("")
+    try:
+        with caplog.at_level(logging.WARNING, logger="asyncdist.store"), \
+                socket.create_connection(("127.0.0.1", master.port), timeout=10) as sock:
+            # The first request parks (its key never comes); the SETs behind it queue.
+            sock.sendall(encode_frame([OP_GET, "never", 20.0]))
+            sock.sendall(b"".join(encode_frame([OP_SET, f"k{i}", b"x" * 300_000]) for i in range(4)))
+            try:
+                assert sock.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert any("bytes of requests queued" in r.getMessage() for r in caplog.records)
+        assert master.num_keys() == 0
+    finally:
         master.close()
