@@ -29,17 +29,16 @@ arguments, prefix) comes from :class:`~.job.Job`.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from typing import BinaryIO, Callable, cast
 
 from .job import Job, LaunchError
+from .workers import Console, Worker, WorkerProtocol, blame, signal_name
 from .stores import JOIN_TIMEOUT
 
 __all__ = ["run_job", "FAILURE_EXIT_CODE"]
@@ -48,7 +47,6 @@ __all__ = ["run_job", "FAILURE_EXIT_CODE"]
 FAILURE_EXIT_CODE = 1
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _DRAIN_SECONDS = 5.0  # how long output still in the pipes may take to arrive after the group ended
-_TAIL_LINES = 10  # lines of a failed worker's stderr that the launcher repeats
 # Seconds a failure that relays a peer's (PeerLostError) waits for the
 # failing peer's own exit, so that the launcher names the rank that failed first.
 _SETTLE_SECONDS = 2.0
@@ -73,13 +71,6 @@ def _die_with_launcher() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _killpg(pid: int, signum: int) -> None:
@@ -117,145 +108,14 @@ class _Signals:
             await waiter
 
 
-class _Console:
-    """Where workers' lines go; a closed console (``| head``) stops the printing, not the job."""
-
-    def __init__(self, sink: BinaryIO) -> None:
-        self._sink: BinaryIO | None = sink
-
-    def write(self, data: bytes) -> None:
-        if self._sink is None:
-            return
-        try:
-            self._sink.write(data)
-            self._sink.flush()
-        except (BrokenPipeError, ValueError):
-            self._sink = None
-
-
-class _WorkerProtocol(asyncio.SubprocessProtocol):
-    """One worker's pipes and exit, seen from the loop.
-
-    ``exited`` resolves with the exit code as soon as the process is reaped,
-    even while a child it left behind still holds its pipes (asyncio's
-    ``Process.wait`` would wait for those pipes too); ``closed`` resolves once
-    the pipes are closed as well. Output is copied line by line behind
-    ``prefix`` to the consoles (None for a stream that is filtered out or
-    redirected), and as it comes to the stream's log file, if it has one.
-    """
-
-    def __init__(self, prefix: bytes, consoles: tuple[_Console | None, _Console | None],
-                 files: dict[int, BinaryIO] | None = None) -> None:
-        loop = asyncio.get_running_loop()
-        self.exited: asyncio.Future[int] = loop.create_future()
-        self.closed: asyncio.Future[None] = loop.create_future()
-        self.transport: asyncio.SubprocessTransport | None = None
-        self._prefix = prefix
-        self._consoles = consoles
-        self._files = files or {}
-        self._partial = {1: b"", 2: b""}
-        self.tail: collections.deque[bytes] = collections.deque(maxlen=_TAIL_LINES)  # stderr's last lines
-        self.error_at: float | None = None  # loop time of its first traceback on stderr
-        self.relays = False  # its stderr relays a peer's failure (PeerLostError)
-        self.exit_at = 0.0  # loop time of its exit
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # asyncio types this hook for every kind of protocol; a subprocess
-        # protocol's transport is a SubprocessTransport in behaviour (uvloop's
-        # does not subclass it, so isinstance cannot check it).
-        self.transport = cast(asyncio.SubprocessTransport, transport)
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        file = self._files.get(fd)
-        if file is not None:
-            file.write(data)
-            file.flush()
-        *lines, self._partial[fd] = (self._partial[fd] + data).split(b"\n")
-        if fd == 2:
-            self._note_errors(lines)
-        console = self._consoles[fd - 1]
-        if lines and console is not None:
-            console.write(b"".join(self._prefix + line + b"\n" for line in lines))
-
-    def _note_errors(self, lines: list[bytes]) -> None:
-        """Keep stderr's last lines, when it first showed a traceback, and whether it relays a peer's."""
-        for line in lines:
-            if self.error_at is None and line.startswith(b"Traceback"):
-                self.error_at = asyncio.get_running_loop().time()
-            if b"PeerLostError" in line:
-                self.relays = True
-        self.tail.extend(lines)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        rest, self._partial[fd] = self._partial.get(fd, b""), b""
-        if rest and fd == 2:
-            self._note_errors([rest])
-        console = self._consoles[fd - 1] if fd in (1, 2) else None
-        if rest and console is not None:  # a last line without its newline
-            console.write(self._prefix + rest + b"\n")
-        file = self._files.pop(fd, None)
-        if file is not None:
-            file.close()
-
-    def process_exited(self) -> None:
-        assert self.transport is not None
-        code = self.transport.get_returncode()
-        if not self.exited.done() and code is not None:
-            self.exit_at = asyncio.get_running_loop().time()
-            self.exited.set_result(code)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        for file in self._files.values():
-            file.close()
-        self._files.clear()
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
-@dataclass(slots=True)
-class _Worker:
-    local_rank: int
-    rank: int
-    pid: int
-    protocol: _WorkerProtocol
-
-    def describe_exit(self) -> str:
-        code = self.protocol.exited.result()
-        killed = f", {_signal_name(-code)}" if code < 0 else ""
-        return (f"worker rank {self.rank} exited with code {code} "
-                f"(local rank {self.local_rank}, pid {self.pid}{killed})")
-
-    def stderr_tail(self) -> str:
-        """Its last lines on stderr, indented, for the launcher's report."""
-        return "".join(f"\n    {line.decode(errors='replace')}" for line in self.protocol.tail)
-
-
-def _blame(failed: list[_Worker], workers: list[_Worker]) -> _Worker:
-    """The worker that failed first, given the ones that exited non-zero, in order.
-
-    A rank that fails makes its peers fail a moment later with a
-    PeerLostError that names it, and a peer may exit before it (the failing
-    rank still runs its exit hooks). So the first to fail is the first to exit
-    non-zero without relaying a peer's error, else the first whose stderr
-    showed a traceback that relays none, else the first to exit non-zero.
-    """
-    for worker in failed:
-        if not worker.protocol.relays:
-            return worker
-    raised = [w for w in workers if w.protocol.error_at is not None and not w.protocol.relays]
-    if raised:
-        return min(raised, key=lambda w: w.protocol.error_at or 0.0)
-    return failed[0]
-
-
-async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[_Console, _Console]) -> _Worker:
+async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[Console, Console]) -> Worker:
     argv = job.worker_argv(local_rank)
     out_shown, err_shown = job.to_console(local_rank)
     try:
         files = {fd: cast(BinaryIO, open(path, "ab")) for fd, path in job.log_files(local_rank, restart_count).items()}
     except OSError as exc:
         raise LaunchError(f"cannot write the log files of local rank {local_rank}: {exc}") from exc
-    protocol = _WorkerProtocol(job.prefix(local_rank), (consoles[0] if out_shown else None,
+    protocol = WorkerProtocol(job.prefix(local_rank), (consoles[0] if out_shown else None,
                                                         consoles[1] if err_shown else None), files)
     try:
         transport, _ = await asyncio.get_running_loop().subprocess_exec(
@@ -272,15 +132,15 @@ async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[
         for file in files.values():
             file.close()
         raise LaunchError(f"cannot start local rank {local_rank} ({' '.join(argv)}): {exc}") from exc
-    return _Worker(local_rank, job.config.global_rank(local_rank), transport.get_pid(), protocol)
+    return Worker(local_rank, job.config.global_rank(local_rank), transport.get_pid(), protocol)
 
 
-async def _exit_of(worker: _Worker) -> _Worker:
+async def _exit_of(worker: Worker) -> Worker:
     await asyncio.shield(worker.protocol.exited)
     return worker
 
 
-async def _stop(workers: list[_Worker], signum: int, grace: float, signals: _Signals) -> None:
+async def _stop(workers: list[Worker], signum: int, grace: float, signals: _Signals) -> None:
     """Send ``signum`` to every live worker's group, SIGKILL after ``grace`` s or a new signal."""
     alive = [w for w in workers if not w.protocol.exited.done()]
     for worker in alive:
@@ -304,10 +164,10 @@ async def _stop(workers: list[_Worker], signum: int, grace: float, signals: _Sig
 
 
 async def _run_group(job: Job, restart_count: int, signals: _Signals,
-                     consoles: tuple[_Console, _Console]) -> _Worker | int | None:
+                     consoles: tuple[Console, Console]) -> Worker | int | None:
     """One attempt. Returns None (success), the first failed worker, or a signal number."""
-    workers: list[_Worker] = []
-    outcome: _Worker | int | None = None
+    workers: list[Worker] = []
+    outcome: Worker | int | None = None
     try:
         for local_rank in range(job.config.nproc_per_node):
             workers.append(await _start(job, local_rank, restart_count, consoles))
@@ -315,7 +175,7 @@ async def _run_group(job: Job, restart_count: int, signals: _Signals,
         # one blamed, not a peer that failed a moment later because it was gone.
         watched = [asyncio.ensure_future(_exit_of(w)) for w in workers]
         interrupted = asyncio.ensure_future(signals.wait_beyond(len(signals.received)))
-        failed: list[_Worker] = []
+        failed: list[Worker] = []
         settle: float | None = None  # loop time until which relayed failures wait for their cause
         loop = asyncio.get_running_loop()
         pending: set[asyncio.Future] = {*watched, interrupted}
@@ -342,13 +202,13 @@ async def _run_group(job: Job, restart_count: int, signals: _Signals,
             for task in (*watched, interrupted):
                 task.cancel()
         if outcome is None and failed:
-            outcome = _blame(failed, workers)
+            outcome = blame(failed, workers)
     finally:
-        if isinstance(outcome, _Worker):
+        if isinstance(outcome, Worker):
             print(f"asyncdist-run: {outcome.describe_exit()}, the first to fail; stopping the other workers; "
                   f"the last lines of its stderr:{outcome.stderr_tail()}", file=sys.stderr, flush=True)
         elif isinstance(outcome, int):
-            print(f"asyncdist-run: received {_signal_name(outcome)}; stopping the workers",
+            print(f"asyncdist-run: received {signal_name(outcome)}; stopping the workers",
                   file=sys.stderr, flush=True)
         stop_with = outcome if isinstance(outcome, int) else signal.SIGTERM
         await _stop(workers, stop_with, job.config.shutdown_timeout, signals)
@@ -390,7 +250,7 @@ async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | N
         LaunchError: a worker could not be started, or the stores could not
             be made ready for a restart.
     """
-    consoles = (_Console(stdout or sys.stdout.buffer), _Console(stderr or sys.stderr.buffer))
+    consoles = (Console(stdout or sys.stdout.buffer), Console(stderr or sys.stderr.buffer))
     loop = asyncio.get_running_loop()
     signals = _Signals()
     signals.install(loop)

@@ -3,8 +3,8 @@
 The master's :class:`~asyncdist.rendezvous.tcp_store.TCPStore` starts a
 :class:`StoreServer`, which runs an asyncio server on a new event loop in a
 daemon thread named ``asyncdist-tcpstore``. This module owns that thread, the
-listening socket, the connections, the dict, the per-key waiters, the count of
-joined workers, and the registry of servers shared by ``multi_tenant`` masters.
+connections, the dict, the per-key waiters and the count of joined workers;
+:mod:`.tcp_serving` binds the port and shares servers between masters.
 
 It must not know the frame format (:mod:`.tcp_protocol` decodes and encodes),
 what ``add`` and ``compare_set`` compute (:mod:`.store_rules`), or anything of
@@ -12,8 +12,7 @@ the client side.
 
 Invariants:
 
-* Everything but :meth:`StoreServer.stop`, :func:`open_server` and
-  :func:`release_server` runs on the server's loop thread.
+* Everything but :meth:`StoreServer.stop` runs on the server's loop thread.
 * Nothing polls. A ``get``/``wait`` on a missing key parks a future on that key
   and is woken by the write that sets it, or answers ``STATUS_TIMEOUT`` at the
   deadline the client sent.
@@ -50,7 +49,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, cast
 
 from .._refusals import RefusalLog
-from ..errors import InvalidArgumentError, ProtocolError, StoreError
+from ..errors import InvalidArgumentError, ProtocolError
 from .store_rules import apply_add, apply_compare_set
 from .tcp_admission import MAX_UNAUTHENTICATED, Gate, PartialFrames
 from .tcp_protocol import (
@@ -76,7 +75,7 @@ from .tcp_protocol import (
     encode_frame,
 )
 
-__all__ = ["StoreServer", "open_server", "release_server"]
+__all__ = ["StoreServer"]
 
 logger = logging.getLogger("asyncdist.store")
 
@@ -342,67 +341,3 @@ class StoreServer:
         # OP_WAIT_WORKERS (decode_request admits no other op)
         ok = await self._until(lambda: self._workers >= args[0], lambda: _WORKERS, args[1])
         return [STATUS_OK if ok else STATUS_TIMEOUT, self._workers]
-
-
-def _listen(host: str, port: int, listen_fd: int | None) -> socket.socket:
-    """Bind and listen on one socket (one port even for names with several addresses),
-    or adopt the listening socket ``listen_fd``."""
-    try:
-        if listen_fd is not None:
-            return socket.socket(fileno=listen_fd)
-        family, kind, proto, _, addr = socket.getaddrinfo(
-            host or "0.0.0.0", port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(addr)
-            sock.listen(1024)
-        except BaseException:
-            sock.close()
-            raise
-    except OSError as exc:
-        raise StoreError(f"TCPStore: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return sock
-
-
-# -- servers shared by multi_tenant masters of this process, by port (as torch does)
-
-_TENANTS: dict[int, StoreServer] = {}
-_TENANTS_LOCK = threading.Lock()
-
-
-def open_server(host: str, port: int, listen_fd: int | None, multi_tenant: bool,
-                secret: bytes | None = None) -> StoreServer:
-    """Start a server on ``host:port`` (or on ``listen_fd``), or share one (any thread).
-
-    A ``multi_tenant`` caller gets the running multi-tenant server of ``port`` when
-    there is one, and becomes one more of its tenants. Pair each call with one
-    :func:`release_server`. With a ``secret``, clients must authenticate.
-
-    Raises:
-        StoreError: cannot listen on ``host:port``.
-        InvalidArgumentError: the shared server of ``port`` has another secret.
-    """
-    with _TENANTS_LOCK:
-        server = _TENANTS.get(port) if multi_tenant else None
-        if server is not None:
-            if server.secret != secret:
-                raise InvalidArgumentError(f"TCPStore: the multi_tenant store on port {port} was started "
-                                           "with another secret")
-            server.tenants += 1
-            return server
-        server = StoreServer(_listen(host, port, listen_fd), secret)
-        if multi_tenant:
-            _TENANTS[server.port] = server
-        return server
-
-
-def release_server(server: StoreServer) -> None:
-    """Drop one tenant of ``server``; the last one stops it (any thread)."""
-    with _TENANTS_LOCK:
-        server.tenants -= 1
-        if server.tenants > 0:
-            return
-        if _TENANTS.get(server.port) is server:
-            del _TENANTS[server.port]
-    server.stop()

@@ -79,7 +79,8 @@ from .tcp_protocol import (
     encode_frame,
     frame_length,
 )
-from .tcp_server import StoreServer, open_server, release_server
+from .tcp_server import StoreServer
+from .tcp_serving import open_server, release_server
 
 __all__ = ["TCPStore"]
 
