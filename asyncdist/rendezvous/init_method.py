@@ -172,7 +172,7 @@ def parse_store_address(text: str) -> tuple[str, int]:
 def _launcher_store(text: str, rank: int, world_size: int, timeout: float) -> Store:
     """A client of asyncdist's store that a launcher announced in :data:`STORE_ADDR_ENV`."""
     host, port = parse_store_address(text)
-    timeout = _reach(host, port, rank, world_size, timeout)
+    timeout = _reach(host, port, rank, world_size, timeout, f" (the launcher's store, {STORE_ADDR_ENV})")
     try:
         return TCPStore(host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
     except StoreError as exc:
@@ -180,7 +180,7 @@ def _launcher_store(text: str, rank: int, world_size: int, timeout: float) -> St
                               f"({STORE_ADDR_ENV}): {exc}") from exc
 
 
-def _reach(host: str, port: int, rank: int, world_size: int, timeout: float) -> float:
+def _reach(host: str, port: int, rank: int, world_size: int, timeout: float, hint: str = "") -> float:
     """Wait until ``host:port`` accepts a connection, saying so while it does not
     (see :mod:`.waiting`); return the seconds left of ``timeout``.
 
@@ -204,7 +204,7 @@ def _reach(host: str, port: int, rank: int, world_size: int, timeout: float) -> 
             if now >= deadline:
                 where = store_address(host, port)
                 raise RendezvousError(f"rank {rank}: cannot use the store at {where}: TCPStore: could not connect "
-                                      f"to the store at {where} within {timeout:g} s: {exc}") from exc
+                                      f"to the store at {where} within {timeout:g} s: {exc}{hint}") from exc
             if reports.due(now):
                 reports.report_unreachable(now, exc)
             time.sleep(min(delay, deadline - now))  # blocking: resolve() runs off the loop
@@ -246,9 +246,9 @@ def _store_secret(host: str, port: int, rank: int, environ: Mapping[str, str]) -
 def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str]) -> Store:
     served_by_agent = environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1")
     torchs = served_by_agent and agent_store_is_torchs(environ)  # torchrun's agent: torch's protocol
-    if rank != 0 or served_by_agent:
-        timeout = _reach(host, port, rank, world_size, timeout)
     hint = f" (if torchrun serves it, set {AGENT_STORE_KIND_ENV}=torch)" if served_by_agent and not torchs else ""
+    if rank != 0 or served_by_agent:
+        timeout = _reach(host, port, rank, world_size, timeout, hint)
     try:
         if torchs:
             return torch_store_client(host, port, timeout)
