@@ -16,6 +16,11 @@ reference columns: torch.distributed's gloo, and MPI through mpi4py
 (:mod:`asyncdist.bench.mpi`; left out with a note where it is not
 installed). On a terminal, rank 0 keeps a live progress line on stderr.
 
+``--scale 8,16,64`` measures instead how the collectives scale with n in
+one event loop (:mod:`asyncdist.bench.scale`): messages and bytes per rank,
+counted, and time per call, for all_reduce and broadcast at 1 MiB unless
+``-b``/``-e`` say otherwise.
+
 ``--ops ddp`` adds the DDP training-step row (:mod:`asyncdist.bench.ddp`),
 which is not in the default ``--ops``: it needs torch, and asyncdist runs it
 through its torch backend, a series of its own.
@@ -33,7 +38,7 @@ import traceback
 from typing import Any, Sequence
 
 from ..loop.thread import LOOP_ENV
-from . import floor, mpi, plot, report
+from . import floor, mpi, plot, report, scale
 from .cases import CASES, jobs
 from .ddp import mlp_params, mlp_width
 from .plan import DTYPE_SIZES, SERIES, Plan, Series, format_bytes, parse_bytes, size_sweep
@@ -87,6 +92,16 @@ def _compare(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _ranks(text: str) -> list[int]:
+    try:
+        ns = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        ns = []
+    if not ns or min(ns) < 1:
+        raise argparse.ArgumentTypeError(f"must be group sizes such as 8,16,64, not {text!r}")
+    return ns
+
+
 def _ops(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in CASES]
@@ -132,6 +147,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="write the results as json to FILE, or to stdout instead of the tables if no FILE")
     p.add_argument("--plot", metavar="FILE.png",
                    help="draw busbw and latency against size (needs matplotlib: pip install 'asyncdist[plot]')")
+    p.add_argument("--scale", type=_ranks, metavar="N,N,..",
+                   help="instead of the sweep: messages and bytes per rank and time per call of all_reduce and "
+                   "broadcast (of --ops) for these group sizes, as ranks in one event loop (default size 1M)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one library's whole sweep may take (default 1800)")
     return p
 
@@ -211,6 +229,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     prog = prog or os.path.basename(sys.argv[0]) or "asyncdist-bench"
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.scale:
+        return _scale(args)
     plan, sizes = _plan(args, parser)
     series = _series(args)
     command = " ".join([prog, shlex.join(argv)]) if argv else prog
@@ -237,6 +257,20 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if args.plot:
         plot.write_plot(rows, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    """``--scale``: one Markdown table of every (op, size, n)."""
+    explicit = args.min_bytes is not None or args.max_bytes is not None
+    sizes = size_sweep(args.min_bytes or 8, args.max_bytes or 64 << 20, args.step_factor or 4) if explicit else [1 << 20]
+    ops = [op for op in args.ops if op in scale.SCALE_OPS] or list(scale.SCALE_OPS)
+    rows = []
+    for op in ops:
+        for nbytes in sizes:
+            print(f"scale: {op} {format_bytes(nbytes)} at n = {','.join(map(str, args.scale))} ...", file=sys.stderr, flush=True)
+            rows += scale.measure(op, nbytes, args.scale)
+    print("\n".join(scale.table(rows)))
     return 0
 
 

@@ -267,3 +267,15 @@ def test_tiny_ddp_row_against_gloo(capsys: pytest.CaptureFixture[str], tmp_path)
         assert row["time_us"] == sorted(row["reps_us"])[1]  # the median step
     ratio = rows[("asyncdist", "backend")]["gloo_ratio"]
     assert ratio == pytest.approx(rows[("gloo", "torch")]["time_us"] / rows[("asyncdist", "backend")]["time_us"])
+
+
+def test_scale_counts_messages_and_bytes_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    out, err = run(capsys, "--scale", "1,3,8", "-b", "64K", "-e", "64K")
+    rows = [line.split("|")[1:-1] for line in out.splitlines()[2:]]
+    cells = {(r[0].strip(), int(r[2])): (int(r[3]), float(r[4])) for r in rows}
+    assert set(cells) == {(op, n) for op in ("all_reduce", "broadcast") for n in (1, 3, 8)}
+    assert cells[("all_reduce", 1)] == (0, 0.0) and cells[("broadcast", 1)] == (0, 0.0)
+    assert cells[("all_reduce", 8)] == (6, 1.75)  # halving + doubling: 2 log2 8 messages, 2(n-1)/n of the data
+    assert cells[("all_reduce", 3)] == (4, 1.33)  # ring below 8 ranks: 2(n-1) messages, 2(n-1)/n of the data
+    assert cells[("broadcast", 8)] == (1, 1.0)  # the chain: the message once per rank
+    assert "scale: broadcast 64K" in err
