@@ -34,7 +34,7 @@ from .plan import format_bytes
 
 __all__ = ["ScaleRow", "measure", "table", "SCALE_OPS", "REPS"]
 
-REPS = 3
+REPS = 7
 SCALE_OPS = ("all_reduce", "broadcast")
 
 
