@@ -12,8 +12,9 @@ Two floors are measured, each as a ping-pong of 8 B over TCP on loopback
 (``TCP_NODELAY``, as asyncdist's links), half the round trip:
 
 * ``blocking``: plain blocking sockets, ``sendall`` then ``recv``;
-* ``uvloop``: an :class:`asyncio.Protocol` on uvloop (asyncio's loop when
-  uvloop is absent), the best an event loop does.
+* ``uvloop``: an :class:`asyncio.Protocol` on the loop asyncdist's ranks
+  run (uvloop where installed, unless ``ASYNCDIST_LOOP=asyncio``), the best
+  an event loop does.
 
 :attr:`Floor.us` is the smaller of the two. Each is the median of
 :data:`REPS` repetitions of :data:`ROUND_TRIPS` round trips, in a child
@@ -28,6 +29,8 @@ import socket
 import statistics
 from dataclasses import dataclass
 from time import perf_counter
+
+from ..loop.thread import new_event_loop
 
 __all__ = ["Floor", "measure", "ROUND_TRIPS", "REPS", "MESSAGE"]
 
@@ -131,14 +134,6 @@ async def _protocol(sock: socket.socket) -> list[float]:
     return times
 
 
-def _new_loop() -> tuple[asyncio.AbstractEventLoop, str]:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop(), "asyncio"
-    return uvloop.new_event_loop(), "uvloop"
-
-
 def measure() -> Floor:
     """Measure both floors (blocks well under a second on an idle machine).
 
@@ -155,7 +150,8 @@ def measure() -> Floor:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with sock:
                 blocking = _blocking(sock)
-                loop, kind = _new_loop()
+                loop = new_event_loop()  # uvloop's where installed (asyncdist's own choice of loop)
+                kind = "asyncio" if isinstance(loop, asyncio.BaseEventLoop) else type(loop).__module__.split(".")[0]
                 try:
                     evented = loop.run_until_complete(_protocol(sock.dup()))
                 finally:

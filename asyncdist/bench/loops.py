@@ -82,13 +82,9 @@ def _estimate(warm: list[float], plan: Plan) -> Any:
     return buf
 
 
-def _progress(plan: Plan, rank: int) -> Progress:
-    return Progress(len(plan.jobs), plan.progress and rank == 0)
-
-
 def _each(plan: Plan, rank: int) -> Iterator[Job]:
     """The plan's jobs, with the live progress line (rank 0) kept up to date."""
-    progress = _progress(plan, rank)
+    progress = Progress(len(plan.jobs), plan.progress and rank == 0)
     for index, job in enumerate(plan.jobs):
         progress.job(index, job, job_dtype(job, plan.dtype)[1] if CASES[job.op].sized else 0)
         yield job
