@@ -145,7 +145,8 @@ async def test_on_real_ranks_at_16(monkeypatch: pytest.MonkeyPatch) -> None:
         return start_send(self, buf, peer)
 
     monkeypatch.setattr(Channel, "start_send", counting)
-    n, count = 16, (64 << 10) // 4 + 1
+    # 1 MiB: the first round's halves go by memory (from 512 KiB), the later ones over the socket.
+    n, count = 16, (1 << 20) // 4 + 1
     data = inputs(n, count)
     sums = [x.astype(np.float32) for x in data]
     copies = [sums[0].copy() if r == 0 else np.zeros(count, np.float32) for r in range(n)]
