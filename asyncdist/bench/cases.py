@@ -179,10 +179,12 @@ def _barrier(comm: Any, p: Point) -> Calls:
 
 
 def _sendrecv(comm: Any, p: Point) -> Calls:
-    """Ping-pong between ranks 2k and 2k+1; an odd last rank sits it out."""
-    peer = p.rank ^ 1
-    if peer >= p.world_size:
+    """Ping-pong between ranks 0 and 1; the other ranks sit it out, waiting in
+    the barrier that ends each repetition (what idle ranks cost the two is
+    part of the row)."""
+    if p.rank > 1:
         return []
+    peer = p.rank ^ 1
     buf = p.buffer(p.count)
     send, recv = (lambda: comm.send(buf, peer)), (lambda: comm.recv(buf, peer))
     return [send, recv] if p.rank % 2 == 0 else [recv, send]
@@ -195,7 +197,7 @@ def _ring_factor(n: int) -> float:
 _ALL_GATHER_NOTE = "all_gather_into_tensor (all_gather_single where present); busbw = algbw * (n-1)/n"
 _REDUCE_SCATTER_NOTE = "reduce_scatter_tensor (reduce_scatter_single where present); busbw = algbw * (n-1)/n"
 _ALL_TO_ALL_NOTE = "all_to_all_single, equal splits; busbw = algbw * (n-1)/n"
-_SENDRECV_NOTE = "ping-pong; time = one-way (half the round trip), bw = size / time"
+_SENDRECV_NOTE = "ping-pong of ranks 0 and 1, any others idle; time = one-way (half the round trip), bw = size / time"
 
 register(Case("all_reduce", _all_reduce, lambda n: 2 * (n - 1) / n, note="busbw = algbw * 2(n-1)/n"))
 register(Case("broadcast", _broadcast, lambda n: 1.0, note="busbw = algbw"))

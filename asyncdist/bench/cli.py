@@ -10,6 +10,17 @@ with 5 repetitions of >= 20 ms (``-f 2`` for the full sweep); ``--quick``
 is a smoke run for CI (8 B .. 64 KiB by x8, 3 short repetitions). Explicit
 flags override both.
 
+Every run first measures the socket floor (:mod:`asyncdist.bench.floor`)
+and shows small rows as multiples of it. ``--compare gloo,mpi`` adds
+reference columns: torch.distributed's gloo, and MPI through mpi4py
+(:mod:`asyncdist.bench.mpi`; left out with a note where it is not
+installed). On a terminal, rank 0 keeps a live progress line on stderr.
+
+``--scale 8,16,64`` measures instead how the collectives scale with n in
+one event loop (:mod:`asyncdist.bench.scale`): messages and bytes per rank,
+counted, and time per call, for all_reduce and broadcast at 1 MiB unless
+``-b``/``-e`` say otherwise.
+
 ``--ops ddp`` adds the DDP training-step row (:mod:`asyncdist.bench.ddp`),
 which is not in the default ``--ops``: it needs torch, and asyncdist runs it
 through its torch backend, a series of its own.
@@ -27,7 +38,7 @@ import traceback
 from typing import Any, Sequence
 
 from ..loop.thread import LOOP_ENV
-from . import plot, report
+from . import floor, mpi, plot, report, scale
 from .cases import CASES, jobs
 from .ddp import mlp_params, mlp_width
 from .plan import DTYPE_SIZES, SERIES, Plan, Series, format_bytes, parse_bytes, size_sweep
@@ -69,6 +80,28 @@ def _count(text: str) -> int:
     return int(number) * _COUNT_UNITS[unit]
 
 
+#: The libraries ``--compare`` accepts, by name.
+REFERENCES = ("gloo", "mpi")
+
+
+def _compare(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in REFERENCES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown library {unknown or text!r}; choose from {','.join(REFERENCES)}")
+    return list(dict.fromkeys(names))
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        ns = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        ns = []
+    if not ns or min(ns) < 1:
+        raise argparse.ArgumentTypeError(f"must be group sizes such as 8,16,64, not {text!r}")
+    return ns
+
+
 def _ops(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in CASES]
@@ -95,7 +128,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--api", choices=["await", "facade", "both"], default="await",
                    help="asyncdist face to time: the await API (default), the blocking facade, or both "
                    "(adds the facade's per-call overhead)")
-    p.add_argument("--compare", choices=["gloo"], help="also run the sweep on torch.distributed's gloo backend")
+    p.add_argument("--compare", type=_compare, default=[], metavar="gloo,mpi",
+                   help="also run the sweep on torch.distributed's gloo backend and/or on MPI through mpi4py "
+                   "(mpirun; left out with a note if mpi4py or mpirun is missing)")
     p.add_argument("--ddp-params", type=_count, default=10**7, metavar="N",
                    help="ddp: parameters of the MLP whose DistributedDataParallel training step is timed, "
                    "e.g. 10M (default); asyncdist runs it through its torch backend")
@@ -110,7 +145,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "asyncio's for the facade's, as asyncdist chooses by default; asyncio = the standard one for both")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the results as json to FILE, or to stdout instead of the tables if no FILE")
-    p.add_argument("--plot", metavar="FILE.png", help="draw busbw and latency against size (needs matplotlib)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw busbw and latency against size (needs matplotlib: pip install 'asyncdist[plot]')")
+    p.add_argument("--scale", type=_ranks, metavar="N,N,..",
+                   help="instead of the sweep: messages and bytes per rank and time per call of all_reduce and "
+                   "broadcast (of --ops) for these group sizes, as ranks in one event loop (default size 1M)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one library's whole sweep may take (default 1800)")
     return p
 
@@ -130,7 +169,7 @@ def _loop_kind(choice: str) -> str:
 def _series(args: argparse.Namespace) -> list[Series]:
     """The series asked for that measure at least one of the ops (the torch backend's for ddp)."""
     names = (["await", "facade"] if args.api == "both" else [args.api]) + ["backend"]
-    candidates = [SERIES[name] for name in names + ([args.compare] if args.compare else [])]
+    candidates = [SERIES[name] for name in names + args.compare]
     return [s for s in candidates if any(runs(s, op) for op in args.ops)]
 
 
@@ -147,8 +186,13 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
     except ValueError as exc:
         parser.error(str(exc))
     torch = importlib.util.find_spec("torch") is not None
-    if args.compare and not torch:
+    if "gloo" in args.compare and not torch:
         parser.error("--compare gloo needs torch (pip install 'asyncdist[torch]')")
+    if args.plot and (why := plot.missing()):
+        parser.error(why)
+    if "mpi" in args.compare and (why := mpi.missing(args.dtype)):
+        print(f"note: --compare mpi: {why}; the MPI column is left out", file=sys.stderr)
+        args.compare.remove("mpi")
     if args.dtype == "bfloat16" and not torch:
         parser.error("--dtype bfloat16 needs torch (NumPy has no bfloat16)")
     if "ddp" in args.ops and not torch:
@@ -169,6 +213,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
         min_rep_s=s["min_rep_ms"] / 1e3,
         max_iters=s["max_iters"],
         paired=args.api == "both",
+        progress=sys.stderr.isatty(),
     )
     return plan, sizes
 
@@ -184,34 +229,48 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     prog = prog or os.path.basename(sys.argv[0]) or "asyncdist-bench"
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.scale:
+        return _scale(args)
     plan, sizes = _plan(args, parser)
     series = _series(args)
     command = " ".join([prog, shlex.join(argv)]) if argv else prog
     env = report.environment(_loop_kind(args.loop))
-    plot_path = args.plot
-    if plot_path and (why := plot.missing()):
-        print(why, file=sys.stderr)
-        plot_path = None
+    print("measuring the socket floor ...", file=sys.stderr, flush=True)
+    the_floor = floor.measure()
     sweep = f"{format_bytes(sizes[0])}..{format_bytes(sizes[-1])} x{_settings(args)['step_factor']}"
     text_out = args.json != "-"
     if text_out:
-        print("\n".join(report.header(command, env, plan, series, sweep)), flush=True)
+        print("\n".join(report.header(command, env, plan, series, sweep, the_floor)), flush=True)
 
     rows = _run(series, plan, prog, timeout=args.timeout, env={LOOP_ENV: "asyncio"} if args.loop == "asyncio" else None)
     if rows is None:
         return 1
     if text_out:
-        print("\n".join(report.tables(rows, series) + report.summary(rows, series)))
+        print("\n".join(report.tables(rows, series, the_floor) + report.summary(rows, series)))
     if args.json:
-        document = json.dumps(report.to_json(command, env, plan, sizes, series, rows), indent=2)
+        document = json.dumps(report.to_json(command, env, plan, sizes, series, rows, the_floor), indent=2)
         if args.json == "-":
             print(document)
         else:
             with open(args.json, "w") as f:
                 f.write(document + "\n")
-    if plot_path:
-        plot.write_plot(rows, plot_path)
-        print(f"plot written to {plot_path}", file=sys.stderr)
+    if args.plot:
+        plot.write_plot(rows, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    """``--scale``: one Markdown table of every (op, size, n)."""
+    explicit = args.min_bytes is not None or args.max_bytes is not None
+    sizes = size_sweep(args.min_bytes or 8, args.max_bytes or 64 << 20, args.step_factor or 4) if explicit else [1 << 20]
+    ops = [op for op in args.ops if op in scale.SCALE_OPS] or list(scale.SCALE_OPS)
+    rows = []
+    for op in ops:
+        for nbytes in sizes:
+            print(f"scale: {op} {format_bytes(nbytes)} at n = {','.join(map(str, args.scale))} ...", file=sys.stderr, flush=True)
+            rows += scale.measure(op, nbytes, args.scale)
+    print("\n".join(scale.table(rows)))
     return 0
 
 

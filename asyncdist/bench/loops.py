@@ -39,8 +39,9 @@ from typing import Any, Callable, Iterator
 
 from .cases import CASES, Calls, Point, job_dtype, zeros
 from .plan import OVERHEAD_MAX_BYTES, Job, Plan
+from .progress import Progress
 
-__all__ = ["Sample", "await_rank", "facade_rank", "torch_rank"]
+__all__ = ["Sample", "await_rank", "facade_rank", "torch_rank", "measure_blocking", "blocking_jobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,15 @@ def _estimate(warm: list[float], plan: Plan) -> Any:
     return buf
 
 
+def _each(plan: Plan, rank: int) -> Iterator[Job]:
+    """The plan's jobs, with the live progress line (rank 0) kept up to date."""
+    progress = Progress(len(plan.jobs), plan.progress and rank == 0)
+    for index, job in enumerate(plan.jobs):
+        progress.job(index, job, job_dtype(job, plan.dtype)[1] if CASES[job.op].sized else 0)
+        yield job
+    progress.done()
+
+
 # -- the blocking APIs: torch.distributed (gloo or asyncdist backend), the facade --
 
 
@@ -92,7 +102,7 @@ def _time_blocking(calls: Calls, iters: int) -> float:
     return perf_counter() - start
 
 
-def _measure_blocking(dist: Any, plan: Plan, job: Job, rank: int, paired: Callable[[int], float] | None = None) -> Sample:
+def measure_blocking(dist: Any, plan: Plan, job: Job, rank: int, paired: Callable[[int], float] | None = None) -> Sample:
     """Time ``job``'s calls through ``dist``; after each repetition, ``paired(iters)``
     (if given) times the same number of calls another way."""
     calls = _calls(dist, plan, job, rank)
@@ -111,6 +121,12 @@ def _measure_blocking(dist: Any, plan: Plan, job: Job, rank: int, paired: Callab
     return Sample(iters, tuple(seconds), tuple(other))
 
 
+def blocking_jobs(comm: Any, plan: Plan, rank: int) -> list[Sample]:
+    """Measure every job of ``plan`` through ``comm``, a blocking communicator
+    with torch.distributed's names (torch.distributed itself, or :class:`~asyncdist.bench.mpi.MpiComm`)."""
+    return [measure_blocking(comm, plan, job, rank) for job in _each(plan, rank)]
+
+
 def facade_rank(plan: Plan) -> list[Sample]:
     """Rank body: measure every job through ``import asyncdist as dist`` (env:// rendezvous).
 
@@ -125,7 +141,7 @@ def facade_rank(plan: Plan) -> list[Sample]:
     dist.init_process_group()
     try:
         samples = []
-        for job in plan.jobs:
+        for job in _each(plan, dist.get_rank()):
             paired = None
             if plan.paired and job_dtype(job, plan.dtype)[1] <= OVERHEAD_MAX_BYTES:
                 awaited = _calls(_world(), plan, job, dist.get_rank())
@@ -133,7 +149,7 @@ def facade_rank(plan: Plan) -> list[Sample]:
                 def paired(iters: int, awaited: Calls = awaited) -> float:
                     return _portal().run(_time_await(awaited, iters))
 
-            samples.append(_measure_blocking(dist, plan, job, dist.get_rank(), paired))
+            samples.append(measure_blocking(dist, plan, job, dist.get_rank(), paired))
         return samples
     finally:
         dist.destroy_process_group()
@@ -158,7 +174,7 @@ def torch_rank(plan: Plan, init_file: str, backend: str) -> list[Sample]:
     rank = int(os.environ["RANK"])
     dist.init_process_group(backend, init_method=Path(init_file).as_uri(), rank=rank, world_size=plan.world_size)
     try:
-        return [_measure_blocking(dist, plan, job, rank) for job in plan.jobs]
+        return blocking_jobs(dist, plan, rank)
     finally:
         dist.destroy_process_group()
 
@@ -194,7 +210,7 @@ async def _await_main(plan: Plan) -> list[Sample]:
 
     world = await init_world()
     try:
-        return [await _measure_await(world, plan, job) for job in plan.jobs]
+        return [await _measure_await(world, plan, job) for job in _each(plan, world.rank)]
     finally:
         await world.close()
 

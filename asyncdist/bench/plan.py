@@ -86,8 +86,8 @@ class Job:
 class Series:
     """One thing under test: a library driven through one API."""
 
-    library: str  # "asyncdist" or "gloo"
-    api: str  # "await", "facade", "backend" (torch.distributed over asyncdist) or "torch" (gloo)
+    library: str  # "asyncdist", "gloo" or "mpi"
+    api: str  # "await", "facade", "backend" (torch.distributed over asyncdist), "torch" (gloo) or "mpi4py"
 
     @property
     def label(self) -> str:
@@ -95,10 +95,16 @@ class Series:
         return {"facade": "asyncdist facade", "backend": "asyncdist backend"}.get(self.api, self.library)
 
     @property
+    def reference(self) -> bool:
+        """Another library, that asyncdist's series are compared with (a ratio column)."""
+        return self.library != "asyncdist"
+
+    @property
     def title(self) -> str:
         """Long name, for the header and progress lines."""
         return {"await": "asyncdist (await API)", "facade": "asyncdist (blocking facade)",
-                "backend": "asyncdist (torch.distributed backend)"}.get(self.api, "torch.distributed gloo")
+                "backend": "asyncdist (torch.distributed backend)", "mpi4py": "MPI (mpi4py)"}.get(
+                    self.api, "torch.distributed gloo")
 
 
 #: The series a run can include, by the name the command line uses. "backend"
@@ -108,6 +114,7 @@ SERIES = {
     "facade": Series("asyncdist", "facade"),
     "backend": Series("asyncdist", "backend"),
     "gloo": Series("gloo", "torch"),
+    "mpi": Series("mpi", "mpi4py"),
 }
 
 
@@ -127,6 +134,8 @@ class Plan:
         paired: the facade's ranks also time each small job through the await
             API, on the facade's own loop, one repetition after each of the
             facade's: the facade's overhead is the difference of the pair.
+        progress: rank 0 keeps a live progress line on stderr
+            (:mod:`asyncdist.bench.progress`).
     """
 
     world_size: int
@@ -139,6 +148,7 @@ class Plan:
     min_rep_s: float = 0.020
     max_iters: int = 1000
     paired: bool = False
+    progress: bool = False
 
     def choose_iters(self, seconds_per_call: float) -> int:
         """Calls per repetition for a job whose calls take ``seconds_per_call``

@@ -1,9 +1,9 @@
 """``--plot FILE.png``: bus bandwidth and latency against size, every series.
 
-matplotlib is optional and imported only here, inside functions, with the
-non-interactive Agg backend. It is never a dependency of asyncdist:
-:func:`missing` tells the command line, before a sweep starts, that the
-plot will be skipped and why.
+matplotlib is optional (the ``plot`` extra: ``pip install "asyncdist[plot]"``)
+and imported only here, inside functions, with the non-interactive Agg
+backend. :func:`missing` lets the command line refuse ``--plot`` before a
+sweep starts, rather than run for minutes and then have nothing to draw with.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .runner import Row
 __all__ = ["missing", "write_plot"]
 
 # One colour per op, one line style per series.
-_STYLES = {"await": "-", "facade": ":", "torch": "--"}
+_STYLES = {"await": "-", "facade": ":", "torch": "--", "mpi4py": "-."}
 
 
 def missing() -> str | None:
@@ -29,7 +29,7 @@ def missing() -> str | None:
         found = False
     if found:
         return None
-    return "--plot: matplotlib is not installed, so no plot is drawn (pip install matplotlib to get one)"
+    return "--plot needs matplotlib, which is not installed: pip install 'asyncdist[plot]' (or matplotlib)"
 
 
 def write_plot(rows: list[Row], path: str | Path) -> None:

@@ -3,9 +3,11 @@
 Pure formatting over :class:`~asyncdist.bench.runner.Row` values: nothing
 here starts a process or reads a clock. One table per op, one line per
 size; each series that measured the op gets a column group (time, algbw,
-busbw), then come the derived columns: the facade's overhead over the await API (small
-sizes only, where it is not lost in data movement) and the ratio
-``gloo time / asyncdist time`` (> 1: asyncdist is faster).
+busbw, and for small rows the time as a multiple of the socket floor,
+:mod:`asyncdist.bench.floor`), then come the derived columns: the facade's
+overhead over the await API (small sizes only, where it is not lost in data
+movement) and, for each reference library (gloo, MPI), the ratio
+``its time / asyncdist's time`` (> 1: asyncdist is faster).
 """
 
 from __future__ import annotations
@@ -20,17 +22,23 @@ from typing import Any, Callable
 
 from . import ddp
 from .cases import CASES
+from .floor import Floor
 from .plan import OVERHEAD_MAX_BYTES, SERIES, Plan, Series, format_bytes
 from .runner import Row
 
 __all__ = [
-    "OVERHEAD_MAX_BYTES", "FACADE_TARGET_US", "environment", "header", "tables", "summary", "facade_overheads", "gloo_ratios", "to_json",
+    "OVERHEAD_MAX_BYTES", "FACADE_TARGET_US", "FLOOR_MAX_BYTES", "environment", "header", "tables", "summary",
+    "facade_overheads", "ratios", "to_json",
 ]
 
 #: What the issue asks of the blocking facade: at most this much per call over the await API.
 FACADE_TARGET_US = 20
 
-_AWAIT, _FACADE, _GLOO = SERIES["await"], SERIES["facade"], SERIES["gloo"]
+#: Rows up to this size (and the barrier) also show their time as a multiple
+#: of the socket floor: below it, a call is a few wake-ups, not data movement.
+FLOOR_MAX_BYTES = 1024
+
+_AWAIT, _FACADE = SERIES["await"], SERIES["facade"]
 
 Cells = dict[Series, Row]  # one size of one op: the row of each series
 
@@ -59,7 +67,8 @@ def environment(loop: str) -> dict[str, str]:
     }
 
 
-def header(command: str, env: dict[str, str], plan: Plan, series: list[Series], sweep: str) -> list[str]:
+def header(command: str, env: dict[str, str], plan: Plan, series: list[Series], sweep: str,
+           floor: Floor | None = None) -> list[str]:
     """The lines printed before any result: command, versions, method."""
     lines = [
         f"# {command}",
@@ -73,9 +82,15 @@ def header(command: str, env: dict[str, str], plan: Plan, series: list[Series], 
         "# time = median over repetitions of the slowest rank's time per call; GB/s = 1e9 bytes/s",
     ]
     lines += [f"# ddp: {ddp.describe(job.count)}; one step per repetition" for job in plan.jobs if job.op == "ddp"]
-    if any(s.library == "gloo" for s in series):
-        lines.append("# ratio = gloo time / asyncdist time: > 1 means asyncdist is faster")
+    if floor is not None:
+        lines.append(f"# {floor.describe()}; xfloor = time / floor, for rows <= {format_bytes(FLOOR_MAX_BYTES)}")
+    for ref in _references(series):
+        lines.append(f"# ratio = {ref.library} time / asyncdist time: > 1 means asyncdist is faster")
     return lines
+
+
+def _references(series: list[Series]) -> list[Series]:
+    return [s for s in series if s.reference]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,42 +110,53 @@ def _any(cells: Cells) -> Row:
     return next(iter(cells.values()))
 
 
-def _columns(series: list[Series]) -> list[_Column]:
+def _columns(series: list[Series], floor: Floor | None) -> list[_Column]:
     columns = [
         _Column("", "size", "(B)", 11, lambda c: str(_any(c).nbytes)),
         _Column("", "count", "(elements)", 11, lambda c: str(_any(c).count)),
         _Column("", "type", "", 8, lambda c: _any(c).dtype if _any(c).count else "-"),
     ]
     for s in series:
-        columns += _series_columns(s)
-    mine = [s for s in series if s.library == "asyncdist"]
+        columns += _series_columns(s, floor)
+    mine = [s for s in series if not s.reference]
     if _AWAIT in series and _FACADE in series:
         columns.append(_Column("facade", "overhead", "(us)", 8, lambda c: _num(_overhead(c), "+.1f")))
-    for s in mine if _GLOO in series else ():
-        unit = f"(gloo/{s.api})" if len(mine) > 1 else "(gloo/asyncdist)"
-        columns.append(_ratio_column(s, unit))
+    for ref in _references(series):
+        for s in mine:
+            unit = f"({ref.library}/{s.api})" if len(mine) > 1 else f"({ref.library}/asyncdist)"
+            columns.append(_ratio_column(ref, s, unit))
     return columns
 
 
-def _series_columns(s: Series) -> list[_Column]:
-    return [
-        _Column(s.label, "time", "(us)", 10, lambda c: _num(_time(c, s))),
+def _series_columns(s: Series, floor: Floor | None) -> list[_Column]:
+    columns = [_Column(s.label, "time", "(us)", 10, lambda c: _num(_time(c, s)))]
+    if floor is not None:
+        columns.append(_Column(s.label, "xfloor", "", 6, lambda c: _num(_multiple(c, s, floor), ".1f")))
+    return columns + [
         _Column(s.label, "algbw", "(GB/s)", 7, lambda c: _num(c[s].algbw if s in c else None)),
         _Column(s.label, "busbw", "(GB/s)", 7, lambda c: _num(c[s].busbw if s in c else None)),
     ]
 
 
-def _ratio_column(s: Series, unit: str) -> _Column:
-    return _Column("", "ratio", unit, 8, lambda c: _num(_ratio(c, s)))
+def _ratio_column(ref: Series, s: Series, unit: str) -> _Column:
+    return _Column("", "ratio", unit, 8, lambda c: _num(_ratio(c, s, ref)))
 
 
 def _time(cells: Cells, series: Series) -> float | None:
     return cells[series].time_us if series in cells else None
 
 
-def _ratio(cells: Cells, mine: Series) -> float | None:
-    """gloo's time / ``mine``'s, where both ran."""
-    theirs, ours = _time(cells, _GLOO), _time(cells, mine)
+def _multiple(cells: Cells, series: Series, floor: Floor) -> float | None:
+    """``series``' time in floors, for small rows (the barrier included, the DDP step not)."""
+    row = cells.get(series)
+    if row is None or row.nbytes > FLOOR_MAX_BYTES or (not row.nbytes and row.op != "barrier"):
+        return None
+    return row.time_us / floor.us
+
+
+def _ratio(cells: Cells, mine: Series, ref: Series) -> float | None:
+    """``ref``'s time / ``mine``'s, where both ran."""
+    theirs, ours = _time(cells, ref), _time(cells, mine)
     return theirs / ours if theirs and ours else None
 
 
@@ -164,11 +190,11 @@ def _group_line(columns: list[_Column], widths: list[int]) -> str:
     return ("#" + "  ".join(parts)).rstrip()
 
 
-def tables(rows: list[Row], series: list[Series]) -> list[str]:
+def tables(rows: list[Row], series: list[Series], floor: Floor | None = None) -> list[str]:
     """One table per op, as nccl-tests prints them, with the series that measured that op."""
     lines: list[str] = []
     for op, sizes in _grouped(rows).items():
-        columns = _columns([s for s in series if any(s in cells for cells in sizes.values())])
+        columns = _columns([s for s in series if any(s in cells for cells in sizes.values())], floor)
         widths = [max(c.width, len(c.name), len(c.unit)) for c in columns]
         n = _any(next(iter(sizes.values()))).world_size
         lines += ["", f"# {op}, {n} ranks: {CASES[op].note}", _group_line(columns, widths)]
@@ -188,24 +214,25 @@ def facade_overheads(rows: list[Row]) -> dict[str, float]:
     return result
 
 
-def gloo_ratios(rows: list[Row], mine: Series) -> dict[str, float]:
-    """Per op, the geometric mean over sizes of gloo time / ``mine``'s time."""
+def ratios(rows: list[Row], mine: Series, ref: Series) -> dict[str, float]:
+    """Per op, the geometric mean over sizes of ``ref``'s time / ``mine``'s time."""
     result = {}
     for op, sizes in _grouped(rows).items():
-        ratios = [r for cells in sizes.values() if (r := _ratio(cells, mine))]
-        if ratios:
-            result[op] = math.exp(statistics.fmean(math.log(r) for r in ratios))
+        known = [r for cells in sizes.values() if (r := _ratio(cells, mine, ref))]
+        if known:
+            result[op] = math.exp(statistics.fmean(math.log(r) for r in known))
     return result
 
 
 def summary(rows: list[Row], series: list[Series]) -> list[str]:
     """Closing lines: the ratio per op, and the facade's overhead against its target."""
     lines = [""]
-    if any(s.library == "gloo" for s in series):
-        for s in (s for s in series if s.library == "asyncdist"):
-            ratios = gloo_ratios(rows, s)
-            lines.append(f"# gloo / {s.title} time, geometric mean over sizes (> 1: asyncdist faster):")
-            lines.append("#   " + ", ".join(f"{op} {r:.2f}" for op, r in ratios.items()))
+    for ref in _references(series):
+        for s in (s for s in series if not s.reference):
+            per_op = ratios(rows, s, ref)
+            if per_op:
+                lines.append(f"# {ref.library} / {s.title} time, geometric mean over sizes (> 1: asyncdist faster):")
+                lines.append("#   " + ", ".join(f"{op} {r:.2f}" for op, r in per_op.items()))
     overheads = facade_overheads(rows)
     if overheads:
         lines.append(
@@ -231,15 +258,17 @@ def _row_json(row: Row, cells: Cells) -> dict[str, Any]:
         "iters": row.iters,
         "reps_us": list(row.reps_us),
     }
-    if row.series.library == "asyncdist" and _GLOO in cells:
-        out["gloo_ratio"] = _ratio(cells, row.series)
+    if not row.series.reference:
+        for ref in (s for s in cells if s.reference):
+            out[f"{ref.library}_ratio"] = _ratio(cells, row.series, ref)
     if row.overhead_us is not None:
         out["facade_overhead_us"] = row.overhead_us
     return out
 
 
 def to_json(
-    command: str, env: dict[str, str], plan: Plan, sizes: list[int], series: list[Series], rows: list[Row]
+    command: str, env: dict[str, str], plan: Plan, sizes: list[int], series: list[Series], rows: list[Row],
+    floor: Floor | None = None,
 ) -> dict[str, Any]:
     """The machine-readable report: one entry in ``rows`` per (op, size, library, api)."""
     grouped = _grouped(rows)
@@ -263,4 +292,6 @@ def to_json(
         "config": config,
         "rows": [_row_json(row, grouped[row.op][row.nbytes]) for row in rows],
         "facade_overhead_us": facade_overheads(rows),
+        "floor_us": None if floor is None else {
+            "floor": floor.us, "blocking": floor.blocking_us, floor.loop: floor.uvloop_us},
     }

@@ -9,7 +9,8 @@ they ignore the asyncdist store.
 
 A series measures the jobs it can run (:func:`series_plan`): the await API
 and the facade every row but those that need torch.distributed's own API
-(the DDP step), asyncdist's torch backend only those, gloo all of them.
+(the DDP step), asyncdist's torch backend only those, gloo all of them,
+MPI all but those (under ``mpirun``: :mod:`asyncdist.bench.mpi`).
 
 The timings come back as ``spawn``'s results (a multiprocessing queue), and
 :func:`combine` reduces them: per repetition the slowest rank's time, then
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from ..testing.spawn import spawn
 from .cases import CASES, job_dtype
 from .loops import Sample, await_rank, facade_rank, torch_rank
+from .mpi import run_mpi
 from .plan import Plan, Series
 
 __all__ = ["Row", "run_series", "series_plan", "runs", "combine"]
@@ -67,6 +69,8 @@ def runs(series: Series, op: str) -> bool:
     """Whether ``series`` measures ``op`` (see the module doc)."""
     if series.library == "gloo":
         return True
+    if series.library == "mpi":
+        return not CASES[op].torch_api
     return CASES[op].torch_api == (series.api == "backend")
 
 
@@ -92,7 +96,9 @@ def run_series(series: Series, plan: Plan, *, timeout: float, env: dict[str, str
     plan = series_plan(series, plan)
     if not plan.jobs:
         return []
-    if series.api in ("torch", "backend"):
+    if series.library == "mpi":
+        per_rank = run_mpi(plan, timeout=timeout)
+    elif series.api in ("torch", "backend"):
         backend = "gloo" if series.library == "gloo" else "asyncdist"
         with tempfile.TemporaryDirectory(prefix="asyncdist-bench-") as tmp:
             init_file = os.path.join(tmp, "rendezvous")

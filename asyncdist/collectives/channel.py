@@ -134,11 +134,14 @@ class Channel(Protocol[Recv]):
         ...
 
 
-async def sendrecv(channel: Channel[Recv], send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int) -> None:
-    """Send ``send_buf`` to ``dst`` and receive into ``recv_buf`` from ``src`` at
-    once, over any Channel (no extra tasks); the receive is withdrawn if the send fails."""
+async def sendrecv(
+    channel: Channel[Recv], send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int, fold: Fold | None = None
+) -> None:
+    """Send ``send_buf`` to ``dst`` and receive into ``recv_buf`` (folding it in,
+    if ``fold`` is given) from ``src`` at once, over any Channel (no extra
+    tasks); the receive is withdrawn if the send fails."""
     sending = channel.start_send(send_buf, dst)
-    receiving = channel.start_recv(recv_buf, src)
+    receiving = channel.start_recv(recv_buf, src, fold)
     try:
         await channel.wait_send(sending, dst)
     except BaseException:

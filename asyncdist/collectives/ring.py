@@ -50,7 +50,6 @@ __all__ = [
     "ring_reduce_scatter",
     "ring_all_gather",
     "ring_all_reduce",
-    "scatter_ring_broadcast",
     "ring_reduce",
 ]
 
@@ -179,15 +178,6 @@ async def ring_all_reduce(channel: Channel[Recv], buf: HostBuffer, op: object) -
     """All-reduce ``buf`` in place: reduce-scatter, then all-gather."""
     slots = even_slots(buf, channel.size)
     await ring_reduce_scatter(channel, slots, op)
-    await ring_all_gather(channel, slots)
-
-
-async def scatter_ring_broadcast(channel: Channel[Recv], buf: HostBuffer, root: int) -> None:
-    """Broadcast for large messages (van de Geijn): the root scatters one slot
-    to each rank, then a ring all-gather completes every copy. Each link
-    carries about ``2S`` instead of a tree's ``S log2 n`` at the root."""
-    slots = even_slots(buf, channel.size)
-    await direct_scatter(channel, slots if channel.rank == root else None, slots[channel.rank], root)
     await ring_all_gather(channel, slots)
 
 

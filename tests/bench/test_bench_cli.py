@@ -5,17 +5,20 @@ Benchmarks are not tests: nothing here looks at how fast anything was.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 
 import pytest
 
+from asyncdist.bench import floor, mpi, report
 from asyncdist.bench.cases import CASES, jobs
 from asyncdist.bench.cli import _series, build_parser, main
 from asyncdist.bench.ddp import LAYERS, mlp_params, mlp_width
 from asyncdist.bench.loops import Sample
 from asyncdist.bench.plan import SERIES, Job, Plan, parse_bytes, size_sweep
+from asyncdist.bench.progress import Progress
 from asyncdist.bench.runner import combine, runs
 
 OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier", "sendrecv"]
@@ -46,7 +49,7 @@ def test_help_names_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--world-size", "--ops", "--min-bytes", "--max-bytes", "--step-factor", "--dtype", "--api",
-                 "--compare", "--reps", "--iters", "--quick", "--json", "--plot", "--ddp-params"):
+                 "--compare", "gloo,mpi", "--reps", "--iters", "--quick", "--json", "--plot", "--ddp-params"):
         assert flag in out
 
 
@@ -97,7 +100,7 @@ def test_max_over_ranks_then_median_over_repetitions() -> None:
 def test_ddp_is_not_in_the_default_ops_and_runs_on_the_torch_backend_and_gloo_only() -> None:
     assert build_parser().parse_args([]).ops == OPS
     assert [s.api for s in SERIES.values() if runs(s, "ddp")] == ["backend", "torch"]
-    assert [s.api for s in SERIES.values() if runs(s, "all_reduce")] == ["await", "facade", "torch"]
+    assert [s.api for s in SERIES.values() if runs(s, "all_reduce")] == ["await", "facade", "torch", "mpi4py"]
     chosen = _series(build_parser().parse_args(["--ops", "all_reduce,ddp", "--api", "both", "--compare", "gloo"]))
     assert [s.api for s in chosen] == ["await", "facade", "backend", "torch"]
     assert [s.api for s in _series(build_parser().parse_args(["--ops", "ddp"]))] == ["backend"]
@@ -138,6 +141,58 @@ def test_tiny_sweep_asyncdist_alone(capsys: pytest.CaptureFixture[str]) -> None:
     assert "asyncdist" in out.splitlines()[1] and "loop" in out.splitlines()[1]
     assert table_titles(out) == OPS
     assert "gloo" not in out and "running asyncdist (await API)" in err
+    floor_line = next(line for line in out.splitlines() if "socket floor" in line)
+    assert "blocking sockets" in floor_line and "xfloor" in out
+
+
+def test_the_socket_floor_is_two_positive_one_way_times() -> None:
+    measured = floor.measure()
+    assert 0 < measured.us == min(measured.blocking_us, measured.uvloop_us)
+    assert measured.loop in ("uvloop", "asyncio")
+
+
+def test_small_rows_are_shown_as_multiples_of_the_floor() -> None:
+    plan = Plan(world_size=2, dtype="float32", array="numpy", jobs=(Job("all_reduce", 2), Job("all_reduce", 1 << 20),
+                                                                   Job("barrier", 0)), reps=1)
+    samples = [[Sample(1, (40e-6,)), Sample(1, (1e-3,)), Sample(1, (20e-6,))]] * 2
+    rows = combine(SERIES["await"], plan, samples)
+    lines = report.tables(rows, [SERIES["await"]], floor.Floor(10.0, 12.0, "uvloop"))
+    cells = {line.split()[0]: line.split() for line in lines if line and not line.startswith(("#", " #")) and line.strip()}
+    assert cells["8"][4] == "4.0" and cells["0"][4] == "2.0"  # 40 us and 20 us over a 10 us floor
+    assert cells[str(4 << 20)][4] == "-"  # large rows move data: no multiple
+
+
+def test_progress_line_rewrites_one_line_and_clears_it() -> None:
+    stream = io.StringIO()
+    progress = Progress(2, True, stream)
+    progress.job(0, Job("all_reduce", 256), 1024)
+    progress.job(1, Job("barrier", 0), 0)
+    progress.done()
+    text = stream.getvalue()
+    assert "\r  [1/2] all_reduce 1K" in text and "\r  [2/2] barrier" in text and "\n" not in text
+    assert text.endswith("\r")
+    quiet = io.StringIO()
+    Progress(2, False, quiet).job(0, Job("barrier", 0), 0)
+    assert quiet.getvalue() == ""
+
+
+def test_compare_mpi_is_left_out_with_a_note_where_mpi_is_missing(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(mpi, "missing", lambda dtype="float32": "mpi4py is not installed (pip install mpi4py)")
+    out, err = run(capsys, *TINY, "--ops", "barrier", "--compare", "mpi")
+    assert "note: --compare mpi: mpi4py is not installed" in err and "the MPI column is left out" in err
+    assert "mpi" not in out.split("# barrier")[1]
+
+
+def test_compare_mpi_adds_a_column_and_a_ratio(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    if mpi.missing():
+        pytest.skip(mpi.missing() or "")
+    path = tmp_path / "bench.json"
+    out, err = run(capsys, *TINY, "--ops", "all_reduce,barrier,sendrecv", "--compare", "mpi", "--json", str(path))
+    assert "(mpi/asyncdist)" in out and "running MPI (mpi4py)" in err
+    rows = json.loads(path.read_text())["rows"]
+    assert {(row["op"], row["library"]) for row in rows} == {
+        (op, lib) for op in ("all_reduce", "barrier", "sendrecv") for lib in ("asyncdist", "mpi")}
+    assert all(row["mpi_ratio"] > 0 for row in rows if row["library"] == "asyncdist")
 
 
 def test_tiny_sweep_compared_with_gloo(capsys: pytest.CaptureFixture[str]) -> None:
@@ -173,12 +228,15 @@ def test_api_both_reports_the_facade_overhead(capsys: pytest.CaptureFixture[str]
     assert {(row["library"], row["api"]) for row in report["rows"]} == {("asyncdist", "await"), ("asyncdist", "facade")}
 
 
-def test_plot_is_skipped_with_a_message_without_matplotlib(capsys, monkeypatch, tmp_path) -> None:
+def test_plot_without_matplotlib_fails_before_the_sweep(capsys, monkeypatch, tmp_path) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     path = tmp_path / "bench.png"
-    out, err = run(capsys, *TINY, "--ops", "barrier", "--plot", str(path))
-    assert "matplotlib is not installed" in err and "barrier" in out
-    assert not path.exists()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*TINY, "--ops", "barrier", "--plot", str(path)], prog="asyncdist-bench")
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert "--plot needs matplotlib" in captured.err and "asyncdist[plot]" in captured.err
+    assert "running" not in captured.err and not path.exists()  # refused before any rank started
 
 
 def test_plot_is_written_with_matplotlib(capsys, tmp_path) -> None:
@@ -209,3 +267,15 @@ def test_tiny_ddp_row_against_gloo(capsys: pytest.CaptureFixture[str], tmp_path)
         assert row["time_us"] == sorted(row["reps_us"])[1]  # the median step
     ratio = rows[("asyncdist", "backend")]["gloo_ratio"]
     assert ratio == pytest.approx(rows[("gloo", "torch")]["time_us"] / rows[("asyncdist", "backend")]["time_us"])
+
+
+def test_scale_counts_messages_and_bytes_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    out, err = run(capsys, "--scale", "1,3,8", "-b", "64K", "-e", "64K")
+    rows = [line.split("|")[1:-1] for line in out.splitlines()[2:]]
+    cells = {(r[0].strip(), int(r[2])): (int(r[3]), float(r[4])) for r in rows}
+    assert set(cells) == {(op, n) for op in ("all_reduce", "broadcast") for n in (1, 3, 8)}
+    assert cells[("all_reduce", 1)] == (0, 0.0) and cells[("broadcast", 1)] == (0, 0.0)
+    assert cells[("all_reduce", 8)] == (6, 1.75)  # halving + doubling: 2 log2 8 messages, 2(n-1)/n of the data
+    assert cells[("all_reduce", 3)] == (4, 1.33)  # ring below 8 ranks: 2(n-1) messages, 2(n-1)/n of the data
+    assert cells[("broadcast", 8)] == (1, 1.0)  # the chain: the message once per rank
+    assert "scale: broadcast 64K" in err

@@ -33,7 +33,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncdist.buffers.host import ITEMSIZES, HostBuffer
-from asyncdist.collectives import barrier, direct, doubling, ring, select, tree
+from asyncdist.collectives import barrier, chain, direct, doubling, halving, ring, select, tree
 from asyncdist.collectives.in_memory import InMemoryChannel, run_ranks
 from asyncdist.errors import InvalidArgumentError
 from asyncdist.reduce import kernels as ops
@@ -176,7 +176,8 @@ def networks(draw: st.DrawFn) -> dict[str, Any]:
 
 def run(n: int, net: dict[str, Any], per_rank: Callable[[InMemoryChannel], Any]) -> list[Any]:
     """Run ``per_rank`` on n in-memory ranks with ``net``'s links and chunk sizes."""
-    with mock.patch.object(ring, "CHUNK_BYTES", net["chunk"]), mock.patch.object(ring, "MEMORY_CHUNK_BYTES", net["memory_chunk"]):
+    with mock.patch.object(ring, "CHUNK_BYTES", net["chunk"]), mock.patch.object(ring, "MEMORY_CHUNK_BYTES", net["memory_chunk"]), \
+            mock.patch.object(chain, "MIN_CHUNK_BYTES", net["chunk"]), mock.patch.object(chain, "BALANCE_BYTES", net["memory_chunk"]):
         # A few ms per example; a deadlock fails at once, anything else hung gives up in 5 s.
         return asyncio.run(run_ranks(n, per_rank, by_memory=net["by_memory"], fold_piece_bytes=net["fold_piece_bytes"], timeout=5))
 
@@ -195,7 +196,10 @@ def cut(buf: HostBuffer, sizes: Sequence[int]) -> list[HostBuffer]:
 
 # -- reductions --------------------------------------------------------------
 
-ALL_REDUCES = {f.__qualname__: f for f in (doubling.recursive_doubling_all_reduce, ring.ring_all_reduce)}
+ALL_REDUCES = {
+    f.__qualname__: f
+    for f in (doubling.recursive_doubling_all_reduce, ring.ring_all_reduce, halving.halving_doubling_all_reduce)
+}
 ALL_REDUCES["select.all_reduce"] = select.all_reduce
 REDUCES = {f.__qualname__: f for f in (tree.binomial_reduce, ring.ring_reduce)}
 REDUCES["select.reduce"] = select.reduce
@@ -292,7 +296,7 @@ def random_bytes(seed: int, rank: int, count: int, dtype: str) -> bytes:
     return np.random.default_rng([seed, rank, 1]).bytes(count * ITEMSIZES[dtype])
 
 
-BROADCASTS = {"binomial": tree.binomial_broadcast, "scatter_ring": ring.scatter_ring_broadcast, "select": select.broadcast}
+BROADCASTS = {"binomial": tree.binomial_broadcast, "chain": chain.chain_broadcast, "select": select.broadcast}
 
 
 def check_broadcast(algorithm: str, n: int, root: int, count: int, dtype: str, net: dict[str, Any], seed: int) -> None:
@@ -329,7 +333,7 @@ def check_gather_and_scatter(n: int, root: int, count: int, dtype: str, net: dic
 )  # fmt: skip
 def test_broadcast(algorithm: str, n: int, data: st.DataObject, count: int, dtype: str, small: int, min_ranks: int, net: dict[str, Any], seed: int) -> None:
     root = data.draw(st.integers(0, n - 1))
-    with mock.patch.object(select, "SMALL_MESSAGE_BYTES", small), mock.patch.object(select, "SCATTER_BROADCAST_MIN_RANKS", min_ranks):
+    with mock.patch.object(select, "SMALL_MESSAGE_BYTES", small), mock.patch.object(select, "CHAIN_BROADCAST_MIN_RANKS", min_ranks):
         check_broadcast(algorithm, n, root, count, dtype, net, seed)
 
 

@@ -221,6 +221,26 @@ def test_a_wait_spins_for_its_budget_and_then_sleeps(
         assert timeouts[0] == 0 and timeouts[-1] > 0  # spun first, slept for the rest
 
 
+@pytest.mark.parametrize("spin", [0.0, 60.0], ids=["sleeps", "spins"])
+def test_a_spin_yields_the_core_between_looks(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch, spin: float
+) -> None:
+    # A peer queued behind a spinning rank on its core runs only when the spin
+    # yields: each look that finds nothing gives the core away once.
+    timeouts = _select_timeouts(loop, monkeypatch)
+    yields = []
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(len(timeouts)))
+
+    async def waits_for_a_timer() -> str:
+        future = loop.create_future()
+        loop.call_later(0.02, future.set_result, "late reply")
+        return await future
+
+    assert Driver(loop, spin).run(waits_for_a_timer()) == "late reply"
+    spun = [t for t in timeouts if t == 0]
+    assert len(yields) == (len(spun) - 1 if spin else 0)  # after every look but the one that found the reply
+
+
 def test_the_spin_budget_comes_from_the_environment_or_the_ranks_per_core() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     assert spin_seconds({"LOCAL_WORLD_SIZE": str(cores)}) == DEFAULT_SPIN_SECONDS
