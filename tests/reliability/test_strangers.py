@@ -32,6 +32,7 @@ from asyncdist.errors import PeerLostError
 from asyncdist.wire.handshake import MAGIC, PROTOCOL_VERSION, Identity, encode_message
 from asyncdist.group.process_group import ProcessGroup
 from asyncdist.testing import local_world
+from asyncdist.transport import cma
 from asyncdist.transport.connect import dial
 from asyncdist.transport.heartbeat import HeartbeatConfig
 from asyncdist.wire.frames import MAX_HEADER_BYTES, PREFIX, Header, Kind, encode_header
@@ -40,7 +41,7 @@ from asyncdist.wire.frames import MAX_HEADER_BYTES, PREFIX, Header, Kind, encode
 
 
 def _hello(job: str, *, version: int = PROTOCOL_VERSION, magic: str = MAGIC, rank: int = 1) -> bytes:
-    return encode_message({"type": "HELLO", "magic": magic, "version": version, "job": job, "rank": rank,
+    return encode_message({"type": "HELLO", "magic": magic, "version": version, "job": job, "rank": rank, "to": 0,
                            "nonce": os.urandom(16)})
 
 
@@ -54,17 +55,17 @@ def _talk(address: tuple[str, int], first: bytes, auth_mac: bytes | None = None,
     Return everything the rank sent back before it closed the connection."""
     with socket.create_connection(address, timeout=10) as sock:
         sock.sendall(first)
+        reply = b""
         if auth_mac is not None:
-            length = PREFIX.unpack(_recv_exact(sock, PREFIX.size))[0]
-            challenge = msgpack.unpackb(_recv_exact(sock, length))
-            assert challenge["type"] == "CHALLENGE"
-            sock.sendall(encode_message({"type": "AUTH", "mac": auth_mac}))
+            reply = _recv_exact(sock, PREFIX.size)
+            reply += _recv_exact(sock, PREFIX.unpack(reply)[0])
+            assert msgpack.unpackb(reply[PREFIX.size:])["type"] == "CHALLENGE"
+            sock.sendall(encode_message({"type": "AUTH", "mac": auth_mac, "memory": None}))
         if close:
             try:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:  # the rank refused before we finished: nothing left to read
-                return b""
-        reply = b""
+                return reply
         try:
             while chunk := sock.recv(4096):
                 reply += chunk
@@ -132,6 +133,17 @@ async def test_a_stranger_without_the_secret_is_refused_and_logged(mac: bytes, c
         reply = await asyncio.to_thread(_talk, a.engine.address, hello, mac)
         assert b"REJECT" in reply and b"failed authentication" in reply
         assert _logged(caplog, "failed authentication (wrong job secret)")
+        # It learnt nothing of the rank's process: no pid, no memory probe
+        # (address or bytes), no job id, no rank or world size; only a nonce and a MAC.
+        challenge = msgpack.unpackb(reply[PREFIX.size:PREFIX.size + PREFIX.unpack(reply[:PREFIX.size])[0]])
+        assert set(challenge) == {"type", "magic", "version", "nonce", "mac"}
+        token = cma.local_token()  # the ranks of local_world share this process's probe
+        for secret_of_the_rank in (a.engine.me.job_id.encode(), *((token["probe"],) if token else ())):
+            assert secret_of_the_rank not in reply
+        rest = msgpack.Unpacker(raw=False)
+        rest.feed(reply[PREFIX.size * 2 + len(msgpack.packb(challenge)):])
+        assert [m for m in rest] == [{"type": "REJECT", "reason": "a peer claiming rank 1 failed authentication "
+                                                                 "(wrong job secret)"}]
 
 
 async def test_a_stranger_is_not_told_the_job_id(caplog) -> None:
