@@ -27,6 +27,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from asyncdist.engine import mailbox
 from asyncdist.engine.engine import Engine
 from asyncdist.errors import PeerLostError
 from asyncdist.wire.handshake import MAGIC, PROTOCOL_VERSION, Identity, encode_message
@@ -230,6 +231,9 @@ BROKEN_FRAMES = {
     "truncated-payload": (_data(1000) + b"\x00" * 10, "rank 2 closed the connection"),
     "ping-with-payload": (_data(8, kind=Kind.PING) + b"\x00" * 8, "frame of kind 4 with a payload"),
     "claims-another-source": (_data(0, src=1), "claiming to come from rank 1"),
+    # 5.5e11 bytes, unexpected (no receive waits for it): more than any test host's memory.
+    "payload-larger-than-memory": (_data(550_000_000_000), "rank 2 announced a payload of 550000000000 bytes, "
+                                                           "more than this host's memory"),
 }
 
 
@@ -247,6 +251,7 @@ async def test_a_rank_that_breaks_the_wire_protocol_is_dropped_alone(name: str, 
                 await asyncio.wait_for(waiting, 10)
             assert info.value.rank == 2
             assert _logged(caplog, "rank 0 lost rank 2")
+            assert not [r for r in caplog.records if r.exc_info], "one line each, no traceback"
             # Ranks 0 and 1 carry on, point to point and in a group without rank 2.
             got = np.zeros(3)
             await asyncio.gather(one.send(np.arange(3.0), 0), zero.recv(got, 1))
@@ -255,3 +260,20 @@ async def test_a_rank_that_breaks_the_wire_protocol_is_dropped_alone(name: str, 
             x, y = np.ones(2), np.full(2, 2.0)
             await asyncio.gather(pairs[0].all_reduce(x), pairs[1].all_reduce(y))
             assert x.tolist() == y.tolist() == [3.0, 3.0]
+
+
+async def test_a_payload_the_process_cannot_allocate_is_refused_in_one_line(caplog, monkeypatch) -> None:
+    # Below the host's memory, but the allocation fails (other processes hold the rest).
+    def no_memory(nbytes: int) -> np.ndarray:
+        raise MemoryError((nbytes,), np.dtype(np.uint8))
+
+    monkeypatch.setattr(mailbox.pool, "take_bytes", no_memory)
+    with caplog.at_level(logging.WARNING):
+        async with _two_ranks_and_an_insider() as ((zero, _), (to_zero, _)):
+            waiting = zero.irecv(np.zeros(1), 2, tag=99)
+            await asyncio.get_running_loop().sock_sendall(to_zero, _data(1 << 30) + b"\x00" * 64)
+            with pytest.raises(PeerLostError, match="rank 2 announced a payload of 1073741824 bytes, and this "
+                                                    "process cannot allocate it") as info:
+                await asyncio.wait_for(waiting, 10)
+            assert info.value.rank == 2
+    assert not [r for r in caplog.records if r.exc_info]
