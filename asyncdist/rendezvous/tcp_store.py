@@ -183,7 +183,7 @@ class _Client:
             raise error(f"TCPStore: authenticating with the store at {self.where} failed: {exc}") from exc
         if status == STATUS_DENIED:
             raise StoreError(f"TCPStore: the store at {self.where} refused this client: {answer} "
-                             "(not the store's secret?)")
+                             "(not the store's secret: a process of another run, or a stale one of an earlier run?)")
         expected = auth_proof(secret, "server", server_nonce, client_nonce)
         if not isinstance(answer, bytes) or not hmac.compare_digest(answer, expected):
             raise StoreError(f"TCPStore: the store at {self.where} failed to prove that it knows the secret")
