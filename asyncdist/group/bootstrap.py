@@ -229,7 +229,7 @@ async def bootstrap(
         for peer in range(rank):
             peer_host, _, peer_port = (await store.async_get(f"rank/{peer}/address")).decode().rpartition(":")
             addresses[peer] = (peer_host, int(peer_port))
-        await engine.connect(addresses, max(deadline - time.monotonic(), 0.001))
+        await engine.connect(addresses, max(deadline - time.monotonic(), 0.001), reports)
     except BaseException:
         await engine.close()
         raise
