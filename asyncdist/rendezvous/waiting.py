@@ -33,7 +33,8 @@ from typing import Mapping
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text"]
+__all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text",
+           "ranks_named"]
 
 log = logging.getLogger("asyncdist.rendezvous")
 
@@ -124,10 +125,15 @@ class WaitReports:
 
     def message(self, now: float, waiting_for: list[int], to: str = "") -> str:
         """The report's words."""
-        who = f"rank {waiting_for[0]}" if len(waiting_for) == 1 else f"ranks {ranks_text(waiting_for)}"
+        who = ranks_named(waiting_for)
         doing = f" to {to}" if to else ""
         return (f"rank {self.rank}: waiting at {self.where} for {who} of {self.world_size}{doing} "
                 f"({duration(now - self._start)} so far; timeout in {duration(self._deadline - now)})")
+
+
+def ranks_named(ranks: list[int], noun: str = "rank") -> str:
+    """``rank 2`` or ``ranks [2, 3]`` (``noun``: what they are ranks of, e.g. "node")."""
+    return f"{noun} {ranks[0]}" if len(ranks) == 1 else f"{noun}s {ranks_text(ranks)}"
 
 
 def ranks_text(ranks: list[int], shown: int = 16) -> str:
