@@ -56,7 +56,7 @@ async def report_gathering(store: Store, attempt: int, world_size: int, nproc_pe
         if missing is None:
             return
         if missing:
-            nodes = sorted({rank // nproc_per_node for rank in missing})
-            print(f"asyncdist-run: waiting for {ranks_named(missing)} of {world_size} (on {ranks_named(nodes, 'node')}) "
-                  f"to join the rendezvous ({duration(loop.time() - start)} so far)", file=sys.stderr, flush=True)
+            nodes = ranks_named(sorted({rank // nproc_per_node for rank in missing}), "node")
+            print(f"asyncdist-run: waiting for {ranks_named(missing)} of {world_size} (on {nodes}) to join the "
+                  f"rendezvous ({duration(loop.time() - start)} so far)", file=sys.stderr, flush=True)
         due = loop.time() + every

@@ -75,7 +75,7 @@ def test_a_stale_process_of_another_run_arriving_while_the_ranks_gather_leaves_t
         took = time.monotonic() - start
         one = subprocess.run([sys.executable, str(INIT_MAIN)], env=_env(port, 1, **new), capture_output=True,
                              text=True, timeout=60)
-        results = [json.loads(zero.communicate(timeout=60)[0].splitlines()[-1]), json.loads(one.stdout.splitlines()[-1])]
+        results = [json.loads(out.splitlines()[-1]) for out in (zero.communicate(timeout=60)[0], one.stdout)]
     finally:
         if zero.poll() is None:
             zero.kill()

@@ -190,7 +190,9 @@ def test_ranks_that_can_read_each_others_memory_learn_it_both_ways() -> None:
     assert msgpack.unpackb(body(welcome))["mac"] == reference_mac(
         b"welcome", NONCE_D, NONCE_A, dialer=1, acceptor=0, memory=memory
     )
-    assert msgpack.unpackb(body(auth))["mac"] == reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=1, acceptor=0, memory=memory)
+    assert msgpack.unpackb(body(auth))["mac"] == reference_mac(
+        b"dialer", NONCE_A, NONCE_D, dialer=1, acceptor=0, memory=memory
+    )
 
 
 @requires_cma
