@@ -27,11 +27,13 @@ import asyncio
 import logging
 import signal
 import socket
+import time
 from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
 from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
+from ..rendezvous.waiting import WaitReports
 from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
 from .losses import Losses
 from .mailbox import Mailbox, PeerInbox
@@ -56,6 +58,8 @@ def _goodbye(rank: int, signum: int) -> str:
     """How a peer's BYE reads: why it left, when its tag names a signal."""
     if signum == signal.SIGINT:
         return f"rank {rank} was interrupted (SIGINT)"
+    if signum == signal.SIGTERM:
+        return f"rank {rank} was terminated (SIGTERM)"
     if signum:
         try:
             name = signal.Signals(signum).name
@@ -118,8 +122,13 @@ class Engine:
             self._all_connected.set_result(None)
         return self.address
 
-    async def connect(self, addresses: Mapping[int, tuple[str, int]], timeout: float) -> None:
+    async def connect(
+        self, addresses: Mapping[int, tuple[str, int]], timeout: float, reports: WaitReports | None = None
+    ) -> None:
         """Dial every lower rank and wait until every higher rank dialed in.
+
+        ``reports``: the rendezvous's wait reports, to log the ranks that have
+        not connected yet whenever one is due (None: silent).
 
         Raises:
             RendezvousError: not all peers connected within ``timeout`` seconds.
@@ -127,13 +136,28 @@ class Engine:
         """
         assert self._all_connected is not None, "listen() first"
         dials = (self._mesh.dial(peer, *addresses[peer]) for peer in range(self.rank))
+        joined = asyncio.ensure_future(asyncio.gather(*dials, asyncio.shield(self._all_connected)))
+        deadline = time.monotonic() + timeout
         try:
-            await asyncio.wait_for(asyncio.gather(*dials, asyncio.shield(self._all_connected)), timeout)
-        except asyncio.TimeoutError:
-            missing = sorted(set(range(self.world_size)) - set(self._connections) - {self.rank})
-            raise RendezvousError(
-                f"rank {self.rank}: ranks {missing} did not connect within {timeout:g} s"
-            ) from None
+            while not joined.done():
+                now = time.monotonic()
+                if now >= deadline:
+                    raise RendezvousError(
+                        f"rank {self.rank}: ranks {self._unconnected()} did not connect within {timeout:g} s"
+                    )
+                if reports is not None and reports.due(now):
+                    reports.report(now, self._unconnected(), "connect")
+                wake = min(deadline, reports.next_at) if reports is not None else deadline
+                await asyncio.wait([joined], timeout=max(wake - now, 0.001))
+            joined.result()
+        finally:
+            if not joined.done():
+                joined.cancel()
+                await asyncio.gather(joined, return_exceptions=True)
+
+    def _unconnected(self) -> list[int]:
+        """The peers not connected yet."""
+        return sorted(set(range(self.world_size)) - set(self._connections) - {self.rank})
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
         assert self._loop is not None and self._all_connected is not None, "listen() first"

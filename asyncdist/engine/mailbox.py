@@ -15,17 +15,24 @@ its frame decoder's sink: it routes each payload as its header arrives,
 
 Control frames (heartbeat, goodbye, abort, DONE) go to the engine. Loop
 thread only; nothing here touches sockets but through the connection.
+
+A payload that needs a buffer of its own and that this process cannot hold
+(more than the host's memory, or an allocation that fails) is refused with
+:class:`~asyncdist.errors.FrameTooLargeError`, naming the sender: that
+peer alone is dropped, with one line, instead of a ``MemoryError`` out of a
+loop callback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ..errors import AsyncDistError, ProtocolError
+from ..errors import AsyncDistError, FrameTooLargeError, ProtocolError
 from .matching import Inbound, Matcher, PostedRecv, misfit
 from ..buffers.scratch import pool
 from ..wire.frames import Header, Kind
@@ -38,6 +45,37 @@ __all__ = ["Mailbox", "PeerInbox", "fail_future"]
 # Aborted calls remembered (so a receive posted after the ABORT fails too).
 _MAX_ABORTED_CALLS = 4096
 _PAYLOAD_KINDS = (Kind.DATA, Kind.REMOTE)
+
+
+def _host_memory_bytes() -> int | None:
+    """This host's physical memory (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+#: No buffer of a message's own may be larger (None: no bound but the allocator's).
+HOST_MEMORY_BYTES = _host_memory_bytes()
+
+
+def own_buffer(sender: int, nbytes: int) -> np.ndarray:
+    """A buffer of its own for a payload of ``nbytes`` from rank ``sender``.
+
+    Raises:
+        FrameTooLargeError: this process cannot hold it.
+    """
+    if HOST_MEMORY_BYTES is not None and nbytes > HOST_MEMORY_BYTES:
+        raise FrameTooLargeError(
+            f"rank {sender} announced a payload of {nbytes} bytes, more than this host's memory "
+            f"({HOST_MEMORY_BYTES} bytes)"
+        )
+    try:
+        return pool.take_bytes(nbytes)
+    except MemoryError:
+        raise FrameTooLargeError(
+            f"rank {sender} announced a payload of {nbytes} bytes, and this process cannot allocate it"
+        ) from None
 
 
 def fail_future(future: asyncio.Future, error: BaseException) -> None:
@@ -148,8 +186,8 @@ class Mailbox:
             if error is None:
                 return recv
             recv.future.set_exception(error)  # the payload is read and dropped
-            return Inbound(header, np.empty(header.nbytes, np.uint8))
-        inbound = Inbound(header, pool.take_bytes(header.nbytes))
+            return Inbound(header, own_buffer(sender, header.nbytes))
+        inbound = Inbound(header, own_buffer(sender, header.nbytes))
         screen = self._screens.get(header.ctx)
         if screen is not None and not screen(header):
             return inbound  # read and dropped

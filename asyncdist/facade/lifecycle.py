@@ -25,7 +25,7 @@ from typing import Any
 from .backends import parse_backend
 from ..errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
 from ..group.process_group import ProcessGroup
-from ..loop.exits import call_at_exit
+from ..loop.exits import call_at_exit, call_on_termination
 from ..loop.thread import LoopThread
 from ..rendezvous.store import Store
 from ..rendezvous.store_threads import STORE_EXECUTOR
@@ -72,13 +72,19 @@ def _close_at_exit() -> None:
     crash that fails their collectives still in flight. A script ended by
     Ctrl-C says so in its goodbye, and its peers' errors read "rank 1 was
     interrupted (SIGINT)"."""
+    # The interpreter keeps the exception that ended the script in
+    # sys.last_value (sys.last_exc from 3.12) before the exit hooks run.
+    ended_by = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    _say_goodbye(signal.SIGINT if isinstance(ended_by, KeyboardInterrupt) else 0)
+
+
+def _say_goodbye(signum: int) -> None:
+    """Destroy the default group, if any, telling the peers the signal that
+    ends this process (0: none): on SIGTERM they read "rank 1 was terminated
+    (SIGTERM)" (:func:`~asyncdist.loop.exits.call_on_termination`)."""
     world = _runtime.world
     if world is not None:
-        # The interpreter keeps the exception that ended the script in
-        # sys.last_value (sys.last_exc from 3.12) before the exit hooks run.
-        ended_by = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-        if isinstance(ended_by, KeyboardInterrupt):
-            world.engine.farewell_signal = signal.SIGINT
+        world.engine.farewell_signal = signum
         destroy_process_group()
 
 
@@ -157,6 +163,7 @@ def init_process_group(
     if _runtime.exit_hook_pid != os.getpid():
         _runtime.exit_hook_pid = os.getpid()
         call_at_exit(_close_at_exit, priority=20)  # before the loop threads stop (10)
+        call_on_termination(_say_goodbye)
     _runtime.generation += 1
 
 

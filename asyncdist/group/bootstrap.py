@@ -2,9 +2,13 @@
 
 Every rank, through the store:
 
-0. rank 0 marks the rendezvous open; the others wait for that mark, and
-   wait on through a store that is lost meanwhile (the last generation's,
-   stopping on the same port, see :func:`_wait_for_rank_zero`);
+0. rank 0 marks the rendezvous open, with its run's id (``ASYNCDIST_JOB_ID``,
+   which ``asyncdist-run`` sets for every run; none by hand); the others wait
+   for that mark, and wait on through a store that is lost meanwhile (the
+   last generation's, stopping on the same port, see
+   :func:`_wait_for_rank_zero`). A process of another run (a stale one of an
+   earlier run, arriving while this run's ranks gather) reads another run's
+   id there and stops with an error, before it claims or aborts anything;
 1. claims its rank, by writing who it is (host, pid) under the rank's
    ``owner`` key with compare-and-set: a second process claiming the same rank
    finds the first one there, and both fail naming the two processes; then
@@ -46,7 +50,22 @@ ABORT_LINGER_SECONDS = 3 * _ABORT_POLL_SECONDS
 _ABORT_KEY = "abort"
 # Set by rank 0 once every rank has published its address: "<world size> <local time>".
 _JOINED_KEY = "joined"
-_OPEN_KEY = "open"  # set by rank 0 first: this rendezvous's store is the one rank 0 uses
+_OPEN_KEY = "open"  # set by rank 0 first, to its run mark: this rendezvous's store is the one rank 0 uses
+
+
+def _run_mark(run: str) -> str:
+    """What rank 0 writes under the open key: its run's id, "-" for none."""
+    return f"run {run}" if run else "-"
+
+
+def _another_run(rank: int, where: str, theirs: str, mine: str) -> str:
+    """The error of a process whose run is not the one that opened the rendezvous."""
+    def named(mark: str) -> str:
+        return repr(mark.removeprefix("run ")) if mark.startswith("run ") else "one without ASYNCDIST_JOB_ID"
+
+    return (f"rank {rank}: the rendezvous at {where} belongs to another run ({named(theirs)}), and this process "
+            f"({whoami()}) is of run {named(mine)}: is it a stale process of an earlier run? It leaves that run "
+            "alone (give every rank of one job the same ASYNCDIST_JOB_ID, and each job its own MASTER_PORT)")
 
 
 async def _abort(store: Store, message: str) -> RendezvousError:
@@ -182,10 +201,14 @@ async def bootstrap(
     start = time.monotonic()
     deadline = start + timeout
     reports = WaitReports(rank, world_size, where, start, deadline)
-    if rank == 0:
-        await store.async_set(_OPEN_KEY, "1")
+    mine = _run_mark(os.environ.get(JOB_ID_ENV, ""))
+    if rank == 0:  # (a store opened already: by rank 0 of another run, unless the mark is this run's)
+        opened = (await store.async_compare_set(_OPEN_KEY, "", mine)).decode()
     else:
         await _wait_for_rank_zero(store, deadline, reports)
+        opened = (await store.async_get(_OPEN_KEY)).decode()
+    if opened != mine:
+        raise RendezvousError(_another_run(rank, where, opened, mine))
     if await store.async_check([_JOINED_KEY]):  # a running job: neither claim nor abort anything of it
         raise RendezvousError(await _already_running(store, rank, where))
     await _claim(store, rank, world_size, where)
@@ -206,7 +229,7 @@ async def bootstrap(
         for peer in range(rank):
             peer_host, _, peer_port = (await store.async_get(f"rank/{peer}/address")).decode().rpartition(":")
             addresses[peer] = (peer_host, int(peer_port))
-        await engine.connect(addresses, max(deadline - time.monotonic(), 0.001))
+        await engine.connect(addresses, max(deadline - time.monotonic(), 0.001), reports)
     except BaseException:
         await engine.close()
         raise

@@ -39,6 +39,7 @@ from typing import BinaryIO, Callable, cast
 
 from .job import Job, LaunchError
 from .workers import Console, Worker, WorkerProtocol, blame, signal_name
+from .gathering import report_gathering
 from .stores import JOIN_TIMEOUT
 
 __all__ = ["run_job", "FAILURE_EXIT_CODE"]
@@ -168,9 +169,13 @@ async def _run_group(job: Job, restart_count: int, signals: _Signals,
     """One attempt. Returns None (success), the first failed worker, or a signal number."""
     workers: list[Worker] = []
     outcome: Worker | int | None = None
+    gathering: asyncio.Future | None = None
     try:
         for local_rank in range(job.config.nproc_per_node):
             workers.append(await _start(job, local_rank, restart_count, consoles))
+        if job.config.node_rank == 0:  # node 0 serves the store: it can name whoever is missing
+            gathering = asyncio.ensure_future(report_gathering(job.store, restart_count, job.config.world_size,
+                                                               job.config.nproc_per_node))
         # In the order the exits are seen, so the rank that failed first is the
         # one blamed, not a peer that failed a moment later because it was gone.
         watched = [asyncio.ensure_future(_exit_of(w)) for w in workers]
@@ -204,6 +209,8 @@ async def _run_group(job: Job, restart_count: int, signals: _Signals,
         if outcome is None and failed:
             outcome = blame(failed, workers)
     finally:
+        if gathering is not None:
+            gathering.cancel()
         if isinstance(outcome, Worker):
             print(f"asyncdist-run: {outcome.describe_exit()}, the first to fail; stopping the other workers; "
                   f"the last lines of its stderr:{outcome.stderr_tail()}", file=sys.stderr, flush=True)

@@ -15,6 +15,15 @@ registers here when made (:func:`register`) and leaves when stopped
   once, as Python's default does. It is installed once per process, by the
   first LoopThread made in the main thread, and only over Python's default
   handler (a handler of the user's is left alone).
+* **SIGTERM** (what launchers send to stop a job). Python's default dies
+  at once, and the peers only see the connection drop. The handler
+  installed here (over the default only, like SIGINT's) says goodbye
+  first: it runs the hooks given to :func:`call_on_termination` (the
+  facade's destroys its group, whose BYE tells the peers "rank 1 was
+  terminated (SIGTERM)"), then dies by the same signal, as the default
+  would, so exit statuses do not change. A call the main thread runs on a
+  loop is cancelled first, as for Ctrl-C, so the hooks never run inside a
+  loop callback.
 * **Exit.** A process that exits with a daemon thread still running a loop
   (a script that never called ``destroy_process_group``) stops every
   LoopThread first: interpreter shutdown with a loop running on a daemon
@@ -34,7 +43,7 @@ import threading
 import weakref
 from typing import Any, Callable, Protocol
 
-__all__ = ["Stoppable", "register", "unregister", "call_at_exit"]
+__all__ = ["Stoppable", "register", "unregister", "call_at_exit", "call_on_termination", "terminate"]
 
 log = logging.getLogger("asyncdist")
 
@@ -46,12 +55,14 @@ class Stoppable(Protocol):
     def stop(self) -> None:
         """Cancel what runs on the loop, stop its thread and close it (idempotent)."""
 
-    def interrupt(self, thread: int) -> bool:
-        """Ctrl-C in ``thread``: cancel the call it runs on this loop; False if none."""
+    def interrupt(self, thread: int, signum: int) -> bool:
+        """Ctrl-C (or SIGTERM) in ``thread``: cancel the call it runs on this
+        loop, then raise KeyboardInterrupt (or :func:`terminate`); False if none."""
 
 
 _running: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _hooked_in: int | None = None  # the process whose SIGINT handler and exit hook are in place
+_farewells: list[tuple[int, Callable[[int], None]]] = []  # (pid, hook) for SIGTERM
 
 
 def register(portal: Stoppable) -> None:
@@ -61,8 +72,11 @@ def register(portal: Stoppable) -> None:
     if _hooked_in != os.getpid():
         _hooked_in = os.getpid()
         call_at_exit(_stop_all, priority=10)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_sigint)
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_signal)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_signal)
 
 
 def unregister(portal: Stoppable) -> None:
@@ -92,14 +106,37 @@ def call_at_exit(fn: Callable[[], None], priority: int) -> None:
     multiprocessing.util.Finalize(None, in_this_process, exitpriority=priority)
 
 
+def call_on_termination(fn: Callable[[int], None]) -> None:
+    """Run ``fn(signum)`` when this process is ended by SIGTERM, before it
+    dies (in the main thread, never inside a loop callback; see the module
+    docstring). ``fn`` must return within a few seconds: a launcher follows
+    SIGTERM with SIGKILL."""
+    _farewells.append((os.getpid(), fn))
+
+
+def terminate(signum: int) -> None:
+    """Run the termination hooks, then die by ``signum`` as Python's default would."""
+    pid = os.getpid()
+    for owner, fn in list(_farewells):
+        if owner == pid:
+            try:
+                fn(signum)
+            except Exception:  # dying anyway: say why, and let the rest run
+                log.exception("asyncdist: goodbye on %s failed", signal.Signals(signum).name)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(pid, signum)
+
+
 def _stop_all() -> None:
     for portal in list(_running):
         portal.stop()
 
 
-def _on_sigint(signum: int, frame: Any) -> None:
+def _on_signal(signum: int, frame: Any) -> None:
     me = threading.get_ident()
     for portal in list(_running):
-        if portal.interrupt(me):
+        if portal.interrupt(me, signum):
             return
-    signal.default_int_handler(signum, frame)
+    if signum == signal.SIGINT:
+        signal.default_int_handler(signum, frame)
+    terminate(signum)

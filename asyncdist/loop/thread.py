@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from typing import Any, Callable, Coroutine
@@ -144,7 +145,7 @@ class LoopThread:
         self._released_at = time.monotonic()
         self._stopping = False
         self._driver = Driver(self.loop, spin_seconds())  # runs the blocking calls of whichever caller owns the loop
-        self._interrupted = False  # Ctrl-C cancelled the main thread's call now running
+        self._interrupted = 0  # the signal (SIGINT, SIGTERM) that cancelled the main thread's call now running
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         loop_exits.register(self)
@@ -266,10 +267,12 @@ class LoopThread:
                 if not self._interrupted:
                     raise
             finally:
-                interrupted, self._interrupted = self._interrupted, False
+                interrupted, self._interrupted = self._interrupted, 0
                 self._release()
-            if interrupted:
+            if interrupted == signal.SIGINT:
                 raise KeyboardInterrupt
+            if interrupted:
+                loop_exits.terminate(interrupted)
             return result
         if running is self.loop:
             coro.close()
@@ -330,12 +333,12 @@ class LoopThread:
         self.loop.close()
         loop_exits.unregister(self)
 
-    def interrupt(self, thread: int) -> bool:
-        """Ctrl-C in ``thread``: cancel its call if it runs one on this loop
-        (see :mod:`asyncdist.loop.exits`); False if it does not."""
+    def interrupt(self, thread: int, signum: int) -> bool:
+        """Ctrl-C or SIGTERM (``signum``) in ``thread``: cancel its call if it
+        runs one on this loop (see :mod:`asyncdist.loop.exits`); False if it does not."""
         if self._owner != thread or not self._driver.running or self._interrupted:
             return False
-        self._interrupted = True  # a second Ctrl-C does not wait
+        self._interrupted = signum  # a second signal does not wait
         self._driver.cancel()
         return True
 

@@ -52,7 +52,7 @@ __all__ = [
     "HEADER_BYTES", "MAX_FRAME_BYTES", "OP_NAMES",
     "OP_SET", "OP_GET", "OP_ADD", "OP_COMPARE_SET", "OP_WAIT",
     "OP_CHECK", "OP_DELETE", "OP_NUM_KEYS", "OP_JOIN", "OP_WAIT_WORKERS",
-    "OP_CHALLENGE", "OP_AUTH", "MAX_AUTH_FRAME_BYTES", "NONCE_BYTES", "auth_proof",
+    "OP_CHALLENGE", "OP_AUTH", "MAX_AUTH_FRAME_BYTES", "NONCE_BYTES", "AUTH_SECONDS", "auth_proof",
     "STATUS_OK", "STATUS_TIMEOUT", "STATUS_INVALID", "STATUS_DENIED",
     "FrameDecoder", "decode_request", "decode_response", "encode_frame", "frame_length",
 ]
@@ -76,6 +76,11 @@ STATUS_OK, STATUS_TIMEOUT, STATUS_INVALID, STATUS_DENIED = 0, 1, 2, 3
 MAX_AUTH_FRAME_BYTES = 1024
 #: Bytes of each side's nonce.
 NONCE_BYTES = 16
+#: Seconds a connection may take to authenticate. A client does it right after
+#: connecting, in one round trip, so the server drops a connection that has not
+#: by then (a stranger holds a socket no longer), and a client whose challenge
+#: is not answered by then gives that server up as lost (a stopping one).
+AUTH_SECONDS = 5.0
 
 #: The Store method each op serves, for error messages.
 OP_NAMES = {OP_SET: "set", OP_GET: "get", OP_ADD: "add", OP_COMPARE_SET: "compare_set",

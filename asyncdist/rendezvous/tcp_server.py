@@ -26,7 +26,7 @@ Invariants:
 * With a secret, a connection is served nothing before it has authenticated
   (:mod:`.tcp_protocol` describes the exchange): any other request is refused
   with ``STATUS_DENIED``, logged, and the connection closed, as is a connection
-  that has not authenticated within :data:`_AUTH_SECONDS`.
+  that has not authenticated within :data:`~.tcp_protocol.AUTH_SECONDS`.
 * At most :data:`~.tcp_admission.MAX_UNAUTHENTICATED` connections wait to authenticate at
   once; the next one closes the oldest. Each may hold at most
   :data:`~.tcp_protocol.MAX_AUTH_FRAME_BYTES` of an incomplete frame and
@@ -53,6 +53,7 @@ from ..errors import InvalidArgumentError, ProtocolError
 from .store_rules import apply_add, apply_compare_set
 from .tcp_admission import MAX_UNAUTHENTICATED, Gate, PartialFrames
 from .tcp_protocol import (
+    AUTH_SECONDS,
     MAX_AUTH_FRAME_BYTES,
     MAX_FRAME_BYTES,
     OP_ADD,
@@ -81,10 +82,6 @@ logger = logging.getLogger("asyncdist.store")
 
 _MAX_PIPELINED = 64  # requests queued on one connection before it is refused
 _WORKERS = object()  # the waiter key of wait_for_workers
-# Seconds a connection may take to authenticate (a client does it right after
-# connecting, in one round trip; this only bounds how long a stranger may hold
-# a socket and a slot among the unauthenticated).
-_AUTH_SECONDS = 5.0
 class _Connection(asyncio.Protocol):
     """One client connection: frames in, one request served at a time, replies out."""
 
@@ -105,13 +102,16 @@ class _Connection(asyncio.Protocol):
         # transport is a Transport in behaviour (uvloop's does not subclass it).
         self._transport = cast(asyncio.Transport, transport)
         self._peer = transport.get_extra_info("peername")
+        if self._server.stopping:  # accepted as the listener closed: the client tries the next server
+            self._transport.abort()
+            return
         self._server.connections.add(self)
         if not self._gate.open:
-            self._expiry = asyncio.get_running_loop().call_later(_AUTH_SECONDS, self._auth_expired)
+            self._expiry = asyncio.get_running_loop().call_later(AUTH_SECONDS, self._auth_expired)
             self._server.admit_unauthenticated(self)
 
     def _auth_expired(self) -> None:
-        self.drop(ProtocolError(f"did not authenticate within {_AUTH_SECONDS:g} s"), "timed out")
+        self.drop(ProtocolError(f"did not authenticate within {AUTH_SECONDS:g} s"), "timed out")
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -213,6 +213,7 @@ class StoreServer:
         self.port: int = sock.getsockname()[1]
         self.tenants = 1  # TCPStores of this process sharing it (multi_tenant)
         self.connections: set[_Connection] = set()
+        self.stopping = False  # a connection the listener accepts from now on is closed at once
         # Connections waiting to authenticate, oldest first.
         self.unauthenticated: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
         self.partial = PartialFrames()
@@ -252,7 +253,14 @@ class StoreServer:
         self._listener = await self._loop.create_server(lambda: _Connection(self), sock=sock)
 
     async def _stop(self) -> None:
+        """Close the listener and every connection, also one the listener
+        accepted as it closed: left open, its client (a rank back in init on
+        this port, see :mod:`asyncdist.group.bootstrap`) would wait for a reply
+        until its timeout instead of trying the next server."""
+        self.stopping = True
         self._listener.close()
+        for _ in range(3):  # the turns an accepted connection takes to be made
+            await asyncio.sleep(0)
         connections = list(self.connections)
         tasks = [c._task for c in connections if c._task is not None]
         for c in connections:

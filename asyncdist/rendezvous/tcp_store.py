@@ -55,6 +55,7 @@ from ..errors import (
 from .store import DEFAULT_TIMEOUT, Store
 from .store_rules import is_int
 from .tcp_protocol import (
+    AUTH_SECONDS,
     HEADER_BYTES,
     NONCE_BYTES,
     OP_ADD,
@@ -171,7 +172,9 @@ class _Client:
         assert secret is not None
         client_nonce = os.urandom(NONCE_BYTES)
         try:
-            sock.settimeout(timeout + _REPLY_SLACK)
+            # A live server answers at once (and drops us after AUTH_SECONDS);
+            # silence is a server that stops, to be given up as lost.
+            sock.settimeout(min(timeout + _REPLY_SLACK, AUTH_SECONDS))
             _, server_nonce = self._round_trip(sock, encode_frame([OP_CHALLENGE]))
             if not isinstance(server_nonce, bytes) or len(server_nonce) != NONCE_BYTES:
                 raise StoreError(f"TCPStore: the store at {self.where} does not authenticate its clients (it has "
@@ -179,11 +182,11 @@ class _Client:
             proof = auth_proof(secret, "client", server_nonce, client_nonce)
             status, answer = self._round_trip(sock, encode_frame([OP_AUTH, client_nonce, proof]))
         except (OSError, ProtocolError) as exc:
-            error = StoreLostError if isinstance(exc, ConnectionError) else StoreError
+            error = StoreLostError if isinstance(exc, (ConnectionError, TimeoutError)) else StoreError
             raise error(f"TCPStore: authenticating with the store at {self.where} failed: {exc}") from exc
         if status == STATUS_DENIED:
             raise StoreError(f"TCPStore: the store at {self.where} refused this client: {answer} "
-                             "(not the store's secret?)")
+                             "(not the store's secret: a process of another run, or a stale one of an earlier run?)")
         expected = auth_proof(secret, "server", server_nonce, client_nonce)
         if not isinstance(answer, bytes) or not hmac.compare_digest(answer, expected):
             raise StoreError(f"TCPStore: the store at {self.where} failed to prove that it knows the secret")

@@ -6,6 +6,11 @@ it has left, then again every ``ASYNCDIST_INIT_REPORT_EVERY`` seconds::
 
     rank 0: waiting at tcp://127.0.0.1:29500 for ranks [2, 3] of 4 (10 s so far; timeout in 29 min 50 s)
 
+Once every rank has published its address, the ranks connect to each
+other; a rank still waiting for some of them to connect says so too::
+
+    rank 0: waiting at tcp://127.0.0.1:29500 for rank 3 of 4 to connect (10 s so far; timeout in 29 min 50 s)
+
 A rank that cannot reach the store yet says so in the same rhythm, with
 the OS's reason, while its client keeps retrying::
 
@@ -28,7 +33,8 @@ from typing import Mapping
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text"]
+__all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text",
+           "ranks_named"]
 
 log = logging.getLogger("asyncdist.rendezvous")
 
@@ -100,10 +106,16 @@ class WaitReports:
         """True when a report should be logged now."""
         return now >= self._next
 
-    def report(self, now: float, waiting_for: list[int]) -> None:
-        """Log that this rank still waits for ``waiting_for``, and when the next report is due."""
+    @property
+    def next_at(self) -> float:
+        """When the next report is due (a ``time.monotonic()`` reading; inf: never)."""
+        return self._next
+
+    def report(self, now: float, waiting_for: list[int], to: str = "") -> None:
+        """Log that this rank still waits for ``waiting_for`` (``to``: to do
+        what, e.g. "connect"), and when the next report is due."""
         self._next = now + self._every
-        log.warning("%s", self.message(now, waiting_for))
+        log.warning("%s", self.message(now, waiting_for, to))
 
     def report_unreachable(self, now: float, error: OSError) -> None:
         """Log that the store cannot be reached yet, with the OS's reason."""
@@ -111,11 +123,17 @@ class WaitReports:
         log.warning("rank %d: cannot reach the store at %s: %s; retrying (%s so far; timeout in %s)", self.rank,
                     self.where, error, duration(now - self._start), duration(self._deadline - now))
 
-    def message(self, now: float, waiting_for: list[int]) -> str:
+    def message(self, now: float, waiting_for: list[int], to: str = "") -> str:
         """The report's words."""
-        who = f"rank {waiting_for[0]}" if len(waiting_for) == 1 else f"ranks {ranks_text(waiting_for)}"
-        return (f"rank {self.rank}: waiting at {self.where} for {who} of {self.world_size} "
+        who = ranks_named(waiting_for)
+        doing = f" to {to}" if to else ""
+        return (f"rank {self.rank}: waiting at {self.where} for {who} of {self.world_size}{doing} "
                 f"({duration(now - self._start)} so far; timeout in {duration(self._deadline - now)})")
+
+
+def ranks_named(ranks: list[int], noun: str = "rank") -> str:
+    """``rank 2`` or ``ranks [2, 3]`` (``noun``: what they are ranks of, e.g. "node")."""
+    return f"{noun} {ranks[0]}" if len(ranks) == 1 else f"{noun}s {ranks_text(ranks)}"
 
 
 def ranks_text(ranks: list[int], shown: int = 16) -> str:

@@ -11,9 +11,10 @@ frame that tells the sender its buffer may be reused (see
 :mod:`asyncdist.wire.frames`, ``Kind.REMOTE``).
 
 Whether a peer's memory can be read is not guessed from host names: during
-the handshake each rank shows the address and contents of a small random
-*probe* buffer (authenticated with the job secret), and the peer tries to
-read it. Different hosts, PID namespaces, users, seccomp or Yama rules all
+the handshake, once the other side has proven the job secret, each rank
+shows its pid and the address and contents of a small random *probe* buffer
+(covered by a MAC), and the peer tries to read it. A stranger never sees
+them. Different hosts, PID namespaces, users, seccomp or Yama rules all
 make the probe fail, and that pair keeps plain TCP.
 
 Settings (environment):

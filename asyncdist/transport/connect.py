@@ -135,7 +135,7 @@ async def dial(
         handshake = Dialer(me, peer, memory=SAME_HOST)
         await loop.sock_sendall(sock, handshake.hello())
         await loop.sock_sendall(sock, handshake.on_challenge(await _read_message(loop, sock)))
-        handshake.on_verdict(await _read_message(loop, sock))
+        await loop.sock_sendall(sock, handshake.on_verdict(await _read_message(loop, sock)))
     except OSError as exc:
         sock.close()
         raise PeerLostError(f"cannot connect to rank {peer} at {host}:{port}: {exc}", peer) from exc
@@ -160,6 +160,7 @@ async def accept_handshake(
     try:
         await loop.sock_sendall(sock, handshake.on_hello(await _read_message(loop, sock)))
         await loop.sock_sendall(sock, handshake.on_auth(await _read_message(loop, sock)))
+        handshake.on_reads(await _read_message(loop, sock))
         return handshake.peer_rank, handshake
     except (HandshakeError, FrameTooLargeError, ProtocolError) as exc:
         note("refused", "rank %d refused a connection from %s: %s", me.rank, describe_peer(sock), exc)

@@ -1,28 +1,36 @@
 """The connection handshake: only the job's own ranks may connect (sans-I/O).
 
-Every connection between two ranks starts with four small messages::
+Every connection between two ranks starts with five small messages::
 
     dialer                                   acceptor
-      HELLO      magic, version, job, rank, nonce_d   ->
-             <-  CHALLENGE  magic, version, job, rank, nonce_a, mac_a
-      AUTH       mac_d                                ->
-             <-  WELCOME | REJECT reason
+      HELLO      magic, version, job, rank, to, nonce_d ->
+             <-  CHALLENGE  magic, version, nonce_a, mac_a
+      AUTH       mac_d, memory_d                        ->
+             <-  WELCOME    mac_w, memory_a, reads
+      READS      reads                                  ->
 
-``mac_a = HMAC(secret, "acceptor" | nonce_d | nonce_a | job | ranks | memory_a)``
-proves to the dialer that it reached a rank of its own job; ``mac_d`` (with
-"dialer") proves the same the other way. Fresh nonces on both sides make a
-recorded handshake useless for a replay. The secret never crosses the wire.
-The acceptor's CHALLENGE names the job only after the dialer's HELLO named the
-same job, and a REJECT never names the acceptor's job: a stranger learns no job
-id it did not already know.
+``mac_a = HMAC(secret, "acceptor" | nonce_d | nonce_a | job | ranks)``
+proves to the dialer that it reached the rank it dialed, of its own job;
+``mac_d = HMAC(secret, "dialer" | nonce_a | nonce_d | job | ranks | memory_d)``
+proves the same the other way. Fresh nonces on both sides make a recorded
+handshake useless for a replay. The secret never crosses the wire.
 
-Each side also shows where a probe of its memory lies (``memory``, a
-:class:`MemoryToken`). Once the other side is authenticated, it tries to
-read that probe and says in its next message (``reads``) whether it could:
-a rank sends large payloads by memory only to a peer that can read it. The
-token's format is the wire's; offering a token and reading a peer's probe
-is I/O, so the transport passes it in (:class:`SameHostMemory`, implemented
-by :mod:`asyncdist.transport.cma`).
+Nothing about the acceptor's job or process goes to a peer that has not
+proven the secret: the CHALLENGE holds only a nonce and a MAC, a REJECT never
+names the acceptor's job or rank, and the acceptor's pid and memory probe
+travel in the WELCOME, after the dialer's AUTH. The dialer's own details
+(its job and rank, in the HELLO) go only to the address the job's store gave
+it, and its probe only in the AUTH, after the acceptor proved the secret.
+
+Each side shows, once the other is authenticated, where a probe of its
+memory lies (``memory``, a :class:`MemoryToken`, covered by a MAC: the
+dialer's by ``mac_d``, the acceptor's by ``mac_w = HMAC(secret, "welcome" |
+nonce_d | nonce_a | job | ranks | memory_a)``). The other side tries to read
+that probe and says in its next message (``reads``) whether it could: a rank
+sends large payloads by memory only to a peer that can read it. The token's
+format is the wire's; offering a token and reading a peer's probe is I/O, so
+the transport passes it in (:class:`SameHostMemory`, implemented by
+:mod:`asyncdist.transport.cma`).
 
 Handshake messages are length-prefixed msgpack maps of at most
 :data:`MAX_HANDSHAKE_BYTES`, so a stranger's bytes (an HTTP request, random
@@ -64,7 +72,7 @@ __all__ = [
 ]
 
 MAGIC = "asyncdist"
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 # The largest handshake message; real ones are ~150 bytes.
 MAX_HANDSHAKE_BYTES = 4096
 #: Seconds an accepted connection has to finish the handshake. Two ranks of a
@@ -196,28 +204,37 @@ def _field(fields: dict, name: str, kind: type[_T]) -> _T:
     return value
 
 
-def _check_peer(fields: dict, me: Identity) -> int:
-    """Check magic, version, job and rank of a HELLO or CHALLENGE; return the peer's rank."""
+def _check_speaker(fields: dict) -> None:
+    """Check the magic and version of a HELLO or CHALLENGE."""
     if fields.get("magic") != MAGIC:
         raise HandshakeError("not an asyncdist peer (bad magic)")
     version = fields.get("version")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise HandshakeError(f"protocol version mismatch: this rank speaks {PROTOCOL_VERSION}, the peer {version!r}")
+
+
+def _check_hello(fields: dict, me: Identity) -> int:
+    """Check a HELLO's magic, version, job, rank and addressee; return the peer's rank.
+
+    Every reason goes back to a peer that has not authenticated, so none names
+    this rank's job, rank or world size (docs/reliability.md: the job id is
+    not secret, but a rank does not tell a stranger which job it serves).
+    """
+    _check_speaker(fields)
     job = fields.get("job")
     if job != me.job_id:
-        # Not naming this rank's job: the reason goes back to a peer that has
-        # not authenticated (docs/reliability.md: the job id is not secret,
-        # but a rank does not tell a stranger which job it serves).
         raise HandshakeError(f"job id mismatch: the peer's job {job!r:.80} is not this rank's")
     rank = _field(fields, "rank", int)
     if not 0 <= rank < me.world_size or rank == me.rank:
-        raise HandshakeError(f"peer claims rank {rank}, not a valid peer of rank {me.rank} (world size {me.world_size})")
+        raise HandshakeError(f"the peer claims rank {rank}, not a valid peer of this rank")
+    to = _field(fields, "to", int)
+    if to != me.rank:
+        raise HandshakeError(f"the peer dialed rank {to}, and this is another rank (a stale address?)")
     return rank
 
 
-def _memory(fields: dict) -> bytes:
-    """The peer's memory token as its MAC covers it (malformed: as absent)."""
-    token = fields.get("memory")
+def _memory(token: object) -> bytes:
+    """A peer's memory token from the wire as its MAC covers it (malformed: as absent)."""
     return token_bytes(token if valid_token(token) else None)
 
 
@@ -233,17 +250,27 @@ class PeerAccess:
         peer_reads_me: whether the peer said it can read this rank's memory.
     """
 
-    def __init__(self, memory: SameHostMemory | None) -> None:
+    def __init__(self, me: Identity, memory: SameHostMemory | None, nonce: bytes | None) -> None:
+        self._me = me
         self._access = memory
         self._memory = memory.local_token() if memory is not None else None
+        self._nonce = nonce if nonce is not None else os.urandom(_NONCE_BYTES)
+        self._peer_nonce = b""
         self.peer_memory: PeerMemoryReader | None = None
         self.peer_reads_me = False
 
-    def _probe(self, fields: dict) -> None:
-        """Try the authenticated peer's probe (``fields["memory"]``)."""
-        token = fields.get("memory")
+    def _probe(self, token: object) -> None:
+        """Try the authenticated peer's probe."""
         if self._access is not None and self._memory is not None and valid_token(token):
             self.peer_memory = self._access.probe(token)
+
+    def _mac(self, role: bytes, first: bytes, second: bytes, pair: bytes, *memory: bytes) -> bytes:
+        """The MAC of one role over this session's nonces, job and rank pair."""
+        return _mac(self._me.secret, role, first, second, self._me.job_id.encode(), pair, *memory)
+
+    def _reads(self, fields: dict) -> bool:
+        """Whether the peer says (in ``fields``) that it reads this rank's memory."""
+        return self._memory is not None and fields.get("reads") is True
 
 
 class Dialer(PeerAccess):
@@ -256,11 +283,9 @@ class Dialer(PeerAccess):
     def __init__(
         self, me: Identity, expected_peer: int, nonce: bytes | None = None, memory: SameHostMemory | None = None
     ) -> None:
-        super().__init__(memory)
-        self._me = me
+        super().__init__(me, memory, nonce)
         self._expected_peer = expected_peer
-        self._nonce = nonce if nonce is not None else os.urandom(_NONCE_BYTES)
-        self._peer_nonce = b""
+        self._pair = _pair(me.rank, expected_peer)
 
     def hello(self) -> bytes:
         """The first message to send."""
@@ -272,102 +297,88 @@ class Dialer(PeerAccess):
                 "version": PROTOCOL_VERSION,
                 "job": me.job_id,
                 "rank": me.rank,
+                "to": self._expected_peer,
                 "nonce": self._nonce,
-                "memory": self._memory,
             }
         )
 
     def on_challenge(self, body: bytes) -> bytes:
-        """Verify the acceptor; return the AUTH message to send."""
+        """Verify the acceptor; return the AUTH message to send (with this rank's probe)."""
         fields = decode_message(body, "CHALLENGE")
-        peer = _check_peer(fields, self._me)
-        if peer != self._expected_peer:
-            raise HandshakeError(f"dialed rank {self._expected_peer} but rank {peer} answered")
+        _check_speaker(fields)
         nonce = _field(fields, "nonce", bytes)
-        me = self._me
-        expected = _mac(
-            me.secret, b"acceptor", self._nonce, nonce, me.job_id.encode(), _pair(me.rank, peer), _memory(fields)
-        )
+        expected = self._mac(b"acceptor", self._nonce, nonce, self._pair)
         if not hmac.compare_digest(expected, _field(fields, "mac", bytes)):
-            raise HandshakeError(f"rank {peer} failed authentication (different job secret?)")
+            raise HandshakeError(
+                f"rank {self._expected_peer} failed authentication (different job secret, or not rank "
+                f"{self._expected_peer} of this job?)"
+            )
         self._peer_nonce = nonce
-        self._probe(fields)
-        mac = _mac(
-            me.secret, b"dialer", nonce, self._nonce, me.job_id.encode(), _pair(me.rank, peer), token_bytes(self._memory)
-        )
-        return encode_message({"type": "AUTH", "mac": mac, "reads": self.peer_memory is not None})
+        mac = self._mac(b"dialer", nonce, self._nonce, self._pair, token_bytes(self._memory))
+        return encode_message({"type": "AUTH", "mac": mac, "memory": self._memory})
 
-    def on_verdict(self, body: bytes) -> None:
-        """Accept WELCOME; a REJECT raises :class:`HandshakeError` with its reason."""
+    def on_verdict(self, body: bytes) -> bytes:
+        """Accept a WELCOME (its probe checked against ``mac_w`` and tried);
+        return the READS message to send. A REJECT raises :class:`HandshakeError`
+        with its reason."""
         fields = decode_message(body, "WELCOME")
-        self.peer_reads_me = self._memory is not None and fields.get("reads") is True
+        if not self._peer_nonce:
+            raise ProtocolError("WELCOME before CHALLENGE")
+        token = fields.get("memory")
+        expected = self._mac(b"welcome", self._nonce, self._peer_nonce, self._pair, _memory(token))
+        if not hmac.compare_digest(expected, _field(fields, "mac", bytes)):
+            raise HandshakeError(f"rank {self._expected_peer}'s WELCOME failed authentication (altered in transit?)")
+        self._probe(token)
+        self.peer_reads_me = self._reads(fields)
+        return encode_message({"type": "READS", "reads": self.peer_memory is not None})
 
 
 class Acceptor(PeerAccess):
-    """The accepting side's state machine: on_hello -> on_auth.
+    """The accepting side's state machine: on_hello -> on_auth -> on_reads.
 
     After ``on_auth`` returns, :attr:`peer_rank` is the authenticated rank.
     ``memory`` as for :class:`Dialer`.
     """
 
     def __init__(self, me: Identity, nonce: bytes | None = None, memory: SameHostMemory | None = None) -> None:
-        super().__init__(memory)
-        self._me = me
-        self._nonce = nonce if nonce is not None else os.urandom(_NONCE_BYTES)
-        self._peer_nonce = b""
+        super().__init__(me, memory, nonce)
         self.peer_rank = -1
-        self._hello: dict = {}
+        self._authenticated = False
 
     def on_hello(self, body: bytes) -> bytes:
         """Check the dialer's HELLO; return the CHALLENGE message to send."""
         fields = decode_message(body, "HELLO")
-        peer = _check_peer(fields, self._me)
+        peer = _check_hello(fields, self._me)
         peer_nonce = _field(fields, "nonce", bytes)
         if len(peer_nonce) < _NONCE_BYTES:
             raise HandshakeError("handshake nonce too short")
-        me = self._me
         self._peer_nonce = peer_nonce
-        self._hello = fields
         self.peer_rank = peer
-        mac = _mac(
-            me.secret,
-            b"acceptor",
-            peer_nonce,
-            self._nonce,
-            me.job_id.encode(),
-            _pair(peer, me.rank),
-            token_bytes(self._memory),
-        )
+        mac = self._mac(b"acceptor", peer_nonce, self._nonce, _pair(peer, self._me.rank))
         return encode_message(
-            {
-                "type": "CHALLENGE",
-                "magic": MAGIC,
-                "version": PROTOCOL_VERSION,
-                "job": me.job_id,
-                "rank": me.rank,
-                "nonce": self._nonce,
-                "mac": mac,
-                "memory": self._memory,
-            }
+            {"type": "CHALLENGE", "magic": MAGIC, "version": PROTOCOL_VERSION, "nonce": self._nonce, "mac": mac}
         )
 
     def on_auth(self, body: bytes) -> bytes:
-        """Verify the dialer's AUTH; return the WELCOME message to send."""
+        """Verify the dialer's AUTH and try its probe; return the WELCOME message
+        to send (with this rank's probe, now that the dialer is authenticated)."""
         if self.peer_rank < 0:
             raise ProtocolError("AUTH before HELLO")
         fields = decode_message(body, "AUTH")
-        me = self._me
-        expected = _mac(
-            me.secret,
-            b"dialer",
-            self._nonce,
-            self._peer_nonce,
-            me.job_id.encode(),
-            _pair(self.peer_rank, me.rank),
-            _memory(self._hello),
-        )
+        token = fields.get("memory")
+        pair = _pair(self.peer_rank, self._me.rank)
+        expected = self._mac(b"dialer", self._nonce, self._peer_nonce, pair, _memory(token))
         if not hmac.compare_digest(expected, _field(fields, "mac", bytes)):
             raise HandshakeError(f"a peer claiming rank {self.peer_rank} failed authentication (wrong job secret)")
-        self._probe(self._hello)
-        self.peer_reads_me = self._memory is not None and fields.get("reads") is True
-        return encode_message({"type": "WELCOME", "reads": self.peer_memory is not None})
+        self._authenticated = True
+        self._probe(token)
+        mac = self._mac(b"welcome", self._peer_nonce, self._nonce, pair, token_bytes(self._memory))
+        return encode_message(
+            {"type": "WELCOME", "mac": mac, "memory": self._memory, "reads": self.peer_memory is not None}
+        )
+
+    def on_reads(self, body: bytes) -> None:
+        """Read the dialer's READS: whether it can read this rank's memory."""
+        if not self._authenticated:
+            raise ProtocolError("READS before AUTH")
+        self.peer_reads_me = self._reads(decode_message(body, "READS"))

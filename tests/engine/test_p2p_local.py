@@ -133,7 +133,8 @@ async def test_large_receive_lands_in_the_posted_buffer_without_a_staging_copy(m
     real_empty = np.empty
 
     def counting_empty(n, dtype):
-        staged.append(n)
+        if n:  # (the world's set-up may leave a zero-byte message unexpected)
+            staged.append(n)
         return real_empty(n, dtype)
 
     monkeypatch.setattr(asyncdist.engine.mailbox.np, "empty", counting_empty)

@@ -447,3 +447,19 @@ def test_redirects_tee_and_log_dir(tmp_path: Path) -> None:
     assert (attempt / "1" / "stderr.log").read_text() == "err of 1\n"
     assert sorted(p.relative_to(attempt).as_posix() for p in attempt.rglob("*.log")) == [
         "0/stdout.log", "1/stderr.log"]
+
+
+def test_node_zero_names_the_ranks_that_have_not_joined(tmp_path: Path) -> None:
+    # Node 1 never starts: node 0's worker waits for rank 1, and its launcher,
+    # which serves the store, says whom the job waits for and on which node.
+    script = _script(tmp_path, "from datetime import timedelta\nimport asyncdist as dist\n"
+                               "dist.init_process_group(timeout=timedelta(seconds=2))\n")
+    env = {**os.environ, "ASYNCDIST_SECRET": "s", "ASYNCDIST_INIT_REPORT_EVERY": "0.4"}
+    result = subprocess.run([*RUN, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                             str(_free_port()), "--nproc-per-node", "1", "--rdzv-id", "j", str(script)],
+                            cwd=tmp_path, capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT)
+    assert result.returncode != 0  # the worker timed out
+    lines = [line for line in result.stderr.splitlines() if line.startswith("asyncdist-run: waiting for")]
+    assert lines, result.stderr
+    assert all(re.fullmatch(r"asyncdist-run: waiting for rank 1 of 2 \(on node 1\) to join the rendezvous "
+                            r"\(\d+ s so far\)", line) for line in lines), lines

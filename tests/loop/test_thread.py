@@ -178,7 +178,7 @@ def test_ctrl_c_during_a_call_cancels_it_then_raises_keyboard_interrupt(fresh_si
             raise
 
     try:
-        assert signal.getsignal(signal.SIGINT) == loop_exits._on_sigint
+        assert signal.getsignal(signal.SIGINT) == loop_exits._on_signal
         with pytest.raises(KeyboardInterrupt):
             portal.run(interrupted())
         assert seen == ["cancelled"]

@@ -7,6 +7,7 @@ the rendezvous's own (short) timeout as the deadline.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -14,13 +15,17 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from asyncdist import init_world
 from asyncdist.errors import RendezvousError
-from asyncdist.rendezvous.waiting import duration
+from asyncdist.engine.engine import Engine
+from asyncdist.rendezvous.waiting import WaitReports, duration
+from asyncdist.transport.heartbeat import HeartbeatConfig
+from asyncdist.wire.handshake import Identity
 
 INIT_MAIN = Path(__file__).with_name("init_main.py")
 
@@ -87,4 +92,30 @@ async def test_a_rank_that_cannot_reach_the_store_says_so_and_keeps_trying(
     assert len(lines) >= 2, lines  # it went on trying after the first report
     pattern = (rf"rank 1: cannot reach the store at tcp://127\.0\.0\.1:{port}: \[Errno \d+\] Connection refused; "
                r"retrying \(\d+ s so far; timeout in \d+ s\)")
+    assert all(re.fullmatch(pattern, line) for line in lines), lines
+
+
+async def test_a_rank_waiting_for_peers_to_connect_says_for_whom(caplog: pytest.LogCaptureFixture) -> None:
+    # Every address is in the store, but rank 2 never dials in (a firewall, a
+    # wrong ASYNCDIST_HOST): rank 0 says whom it waits for, in the reports' rhythm.
+    caplog.set_level(logging.WARNING, logger="asyncdist.rendezvous")
+    engine = Engine(Identity("job", 0, 3, b"secret"), heartbeat=HeartbeatConfig(0, 0))
+    one = Engine(Identity("job", 1, 3, b"secret"), heartbeat=HeartbeatConfig(0, 0))
+    try:
+        address = await engine.listen("127.0.0.1")
+        await one.listen("127.0.0.1")
+        start = time.monotonic()
+        reports = WaitReports(0, 3, "tcp://127.0.0.1:1234", start, start + 1.2,
+                              environ={"ASYNCDIST_INIT_REPORT_EVERY": "0.3"})
+        one_joins = asyncio.ensure_future(one.connect({0: address}, 1.2))
+        with pytest.raises(RendezvousError, match=r"rank 0: ranks \[2\] did not connect within 1\.2 s"):
+            await engine.connect({}, 1.2, reports)
+        with pytest.raises(RendezvousError, match=r"rank 1: ranks \[2\] did not connect"):
+            await one_joins
+    finally:
+        await asyncio.gather(engine.close(), one.close())
+    lines = [r.getMessage() for r in caplog.records if r.name == "asyncdist.rendezvous"]
+    assert len(lines) >= 2, lines  # at 0.3 s, then every 0.3 s until the timeout
+    pattern = (r"rank 0: waiting at tcp://127\.0\.0\.1:1234 for rank 2 of 3 to connect "
+               r"\(\d+ s so far; timeout in \d+ s\)")
     assert all(re.fullmatch(pattern, line) for line in lines), lines

@@ -27,11 +27,13 @@ import msgpack
 import numpy as np
 import pytest
 
+from asyncdist.engine import mailbox
 from asyncdist.engine.engine import Engine
 from asyncdist.errors import PeerLostError
 from asyncdist.wire.handshake import MAGIC, PROTOCOL_VERSION, Identity, encode_message
 from asyncdist.group.process_group import ProcessGroup
 from asyncdist.testing import local_world
+from asyncdist.transport import cma
 from asyncdist.transport.connect import dial
 from asyncdist.transport.heartbeat import HeartbeatConfig
 from asyncdist.wire.frames import MAX_HEADER_BYTES, PREFIX, Header, Kind, encode_header
@@ -40,7 +42,7 @@ from asyncdist.wire.frames import MAX_HEADER_BYTES, PREFIX, Header, Kind, encode
 
 
 def _hello(job: str, *, version: int = PROTOCOL_VERSION, magic: str = MAGIC, rank: int = 1) -> bytes:
-    return encode_message({"type": "HELLO", "magic": magic, "version": version, "job": job, "rank": rank,
+    return encode_message({"type": "HELLO", "magic": magic, "version": version, "job": job, "rank": rank, "to": 0,
                            "nonce": os.urandom(16)})
 
 
@@ -54,17 +56,17 @@ def _talk(address: tuple[str, int], first: bytes, auth_mac: bytes | None = None,
     Return everything the rank sent back before it closed the connection."""
     with socket.create_connection(address, timeout=10) as sock:
         sock.sendall(first)
+        reply = b""
         if auth_mac is not None:
-            length = PREFIX.unpack(_recv_exact(sock, PREFIX.size))[0]
-            challenge = msgpack.unpackb(_recv_exact(sock, length))
-            assert challenge["type"] == "CHALLENGE"
-            sock.sendall(encode_message({"type": "AUTH", "mac": auth_mac}))
+            reply = _recv_exact(sock, PREFIX.size)
+            reply += _recv_exact(sock, PREFIX.unpack(reply)[0])
+            assert msgpack.unpackb(reply[PREFIX.size:])["type"] == "CHALLENGE"
+            sock.sendall(encode_message({"type": "AUTH", "mac": auth_mac, "memory": None}))
         if close:
             try:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:  # the rank refused before we finished: nothing left to read
-                return b""
-        reply = b""
+                return reply
         try:
             while chunk := sock.recv(4096):
                 reply += chunk
@@ -132,6 +134,17 @@ async def test_a_stranger_without_the_secret_is_refused_and_logged(mac: bytes, c
         reply = await asyncio.to_thread(_talk, a.engine.address, hello, mac)
         assert b"REJECT" in reply and b"failed authentication" in reply
         assert _logged(caplog, "failed authentication (wrong job secret)")
+        # It learnt nothing of the rank's process: no pid, no memory probe
+        # (address or bytes), no job id, no rank or world size; only a nonce and a MAC.
+        challenge = msgpack.unpackb(reply[PREFIX.size:PREFIX.size + PREFIX.unpack(reply[:PREFIX.size])[0]])
+        assert set(challenge) == {"type", "magic", "version", "nonce", "mac"}
+        token = cma.local_token()  # the ranks of local_world share this process's probe
+        for secret_of_the_rank in (a.engine.me.job_id.encode(), *((token["probe"],) if token else ())):
+            assert secret_of_the_rank not in reply
+        rest = msgpack.Unpacker(raw=False)
+        rest.feed(reply[PREFIX.size * 2 + len(msgpack.packb(challenge)):])
+        assert [m for m in rest] == [{"type": "REJECT", "reason": "a peer claiming rank 1 failed authentication "
+                                                                 "(wrong job secret)"}]
 
 
 async def test_a_stranger_is_not_told_the_job_id(caplog) -> None:
@@ -218,6 +231,9 @@ BROKEN_FRAMES = {
     "truncated-payload": (_data(1000) + b"\x00" * 10, "rank 2 closed the connection"),
     "ping-with-payload": (_data(8, kind=Kind.PING) + b"\x00" * 8, "frame of kind 4 with a payload"),
     "claims-another-source": (_data(0, src=1), "claiming to come from rank 1"),
+    # 5.5e11 bytes, unexpected (no receive waits for it): more than any test host's memory.
+    "payload-larger-than-memory": (_data(550_000_000_000), "rank 2 announced a payload of 550000000000 bytes, "
+                                                           "more than this host's memory"),
 }
 
 
@@ -235,6 +251,7 @@ async def test_a_rank_that_breaks_the_wire_protocol_is_dropped_alone(name: str, 
                 await asyncio.wait_for(waiting, 10)
             assert info.value.rank == 2
             assert _logged(caplog, "rank 0 lost rank 2")
+            assert not [r for r in caplog.records if r.exc_info], "one line each, no traceback"
             # Ranks 0 and 1 carry on, point to point and in a group without rank 2.
             got = np.zeros(3)
             await asyncio.gather(one.send(np.arange(3.0), 0), zero.recv(got, 1))
@@ -243,3 +260,20 @@ async def test_a_rank_that_breaks_the_wire_protocol_is_dropped_alone(name: str, 
             x, y = np.ones(2), np.full(2, 2.0)
             await asyncio.gather(pairs[0].all_reduce(x), pairs[1].all_reduce(y))
             assert x.tolist() == y.tolist() == [3.0, 3.0]
+
+
+async def test_a_payload_the_process_cannot_allocate_is_refused_in_one_line(caplog, monkeypatch) -> None:
+    # Below the host's memory, but the allocation fails (other processes hold the rest).
+    def no_memory(nbytes: int) -> np.ndarray:
+        raise MemoryError((nbytes,), np.dtype(np.uint8))
+
+    monkeypatch.setattr(mailbox.pool, "take_bytes", no_memory)
+    with caplog.at_level(logging.WARNING):
+        async with _two_ranks_and_an_insider() as ((zero, _), (to_zero, _)):
+            waiting = zero.irecv(np.zeros(1), 2, tag=99)
+            await asyncio.get_running_loop().sock_sendall(to_zero, _data(1 << 30) + b"\x00" * 64)
+            with pytest.raises(PeerLostError, match="rank 2 announced a payload of 1073741824 bytes, and this "
+                                                    "process cannot allocate it") as info:
+                await asyncio.wait_for(waiting, 10)
+            assert info.value.rank == 2
+    assert not [r for r in caplog.records if r.exc_info]

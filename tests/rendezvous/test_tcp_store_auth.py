@@ -175,7 +175,7 @@ def test_a_large_frame_before_authenticating_is_refused(master, caplog) -> None:
 
 
 def test_a_connection_that_never_authenticates_is_closed(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(tcp_server, "_AUTH_SECONDS", 0.2)
+    monkeypatch.setattr(tcp_server, "AUTH_SECONDS", 0.2)
     store = TCPStore("127.0.0.1", 0, is_master=True, timeout=TIMEOUT, wait_for_workers=False, secret=SECRET)
     try:
         with caplog.at_level(logging.WARNING, logger="asyncdist.store"), _raw(store.port) as idle:

@@ -54,19 +54,20 @@ def body(message: bytes) -> bytes:
 
 
 def handshake(dialer: Dialer, acceptor: Acceptor) -> list[bytes]:
-    """Run the four messages through both sides; return them as sent."""
+    """Run the five messages through both sides; return them as sent."""
     hello = dialer.hello()
     challenge = acceptor.on_hello(body(hello))
     auth = dialer.on_challenge(body(challenge))
     welcome = acceptor.on_auth(body(auth))
-    dialer.on_verdict(body(welcome))
-    return [hello, challenge, auth, welcome]
+    reads = dialer.on_verdict(body(welcome))
+    acceptor.on_reads(body(reads))
+    return [hello, challenge, auth, welcome, reads]
 
 
 def hello_fields(**overrides) -> dict:
     fields = {
-        "type": "HELLO", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 1, "nonce": NONCE_D,
-        "memory": None,
+        "type": "HELLO", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 1, "to": 0,
+        "nonce": NONCE_D,
     }  # fmt: skip
     fields.update(overrides)
     return {k: v for k, v in fields.items() if v is not ...}
@@ -82,8 +83,10 @@ def reference_mac(
     role: bytes, first: bytes, second: bytes, dialer: int, acceptor: int, secret: bytes = SECRET, memory: bytes = b"-"
 ) -> bytes:
     """The MAC as the module docstring documents it, computed independently
-    (``memory``: the sender's memory token as ``pid:addr:probe-hex``, "-" for none)."""
-    message = b"|".join([role, first, second, JOB.encode(), f"{dialer}>{acceptor}".encode(), memory])
+    (``memory``: the sender's memory token as ``pid:addr:probe-hex``, "-" for
+    none; the acceptor's CHALLENGE MAC covers no token)."""
+    parts = [role, first, second, JOB.encode(), f"{dialer}>{acceptor}".encode()]
+    message = b"|".join(parts if role == b"acceptor" else [*parts, memory])
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
@@ -102,18 +105,59 @@ def test_success_gives_acceptor_the_dialer_rank(dialer_rank: int, acceptor_rank:
 
 
 def test_messages_carry_the_documented_fields_and_macs() -> None:
-    hello, challenge, auth, welcome = handshake(
+    hello, challenge, auth, welcome, reads = handshake(
         Dialer(me(2), expected_peer=0, nonce=NONCE_D, memory=None), Acceptor(me(0), nonce=NONCE_A, memory=None)
     )
     assert msgpack.unpackb(body(hello)) == hello_fields(rank=2)
     assert msgpack.unpackb(body(challenge)) == {
-        "type": "CHALLENGE", "magic": MAGIC, "version": PROTOCOL_VERSION, "job": JOB, "rank": 0,
-        "nonce": NONCE_A, "mac": reference_mac(b"acceptor", NONCE_D, NONCE_A, dialer=2, acceptor=0), "memory": None,
+        "type": "CHALLENGE", "magic": MAGIC, "version": PROTOCOL_VERSION,
+        "nonce": NONCE_A, "mac": reference_mac(b"acceptor", NONCE_D, NONCE_A, dialer=2, acceptor=0),
     }  # fmt: skip
     assert msgpack.unpackb(body(auth)) == {
-        "type": "AUTH", "mac": reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=2, acceptor=0), "reads": False,
+        "type": "AUTH", "mac": reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=2, acceptor=0), "memory": None,
     }  # fmt: skip
-    assert msgpack.unpackb(body(welcome)) == {"type": "WELCOME", "reads": False}
+    assert msgpack.unpackb(body(welcome)) == {
+        "type": "WELCOME", "mac": reference_mac(b"welcome", NONCE_D, NONCE_A, dialer=2, acceptor=0), "memory": None,
+        "reads": False,
+    }  # fmt: skip
+    assert msgpack.unpackb(body(reads)) == {"type": "READS", "reads": False}
+
+
+@pytest.mark.parametrize("memory", [None, SAME_HOST], ids=["no-memory", "same-host"])
+def test_nothing_of_the_acceptor_reaches_a_peer_before_it_proves_the_secret(memory) -> None:
+    # What a stranger that knows the job id (not secret) gets back: the CHALLENGE,
+    # then a REJECT for its AUTH. No pid, probe address or bytes, job id or rank.
+    acceptor = Acceptor(me(0), memory=memory)
+    challenge = acceptor.on_hello(body(encode_message(hello_fields(rank=1))))
+    assert set(msgpack.unpackb(body(challenge))) == {"type", "magic", "version", "nonce", "mac"}
+    with pytest.raises(HandshakeError) as refused:
+        acceptor.on_auth(body(encode_message({"type": "AUTH", "mac": bytes(32), "memory": None})))
+    reject = reject_message(str(refused.value))
+    token = cma.local_token()
+    for sent in (challenge, reject):
+        assert JOB.encode() not in sent
+        if token is not None:
+            assert token["probe"] not in sent
+    assert "rank 0" not in str(refused.value) and str(WORLD) not in str(refused.value)
+
+
+@pytest.mark.parametrize("memory", [None, SAME_HOST], ids=["no-memory", "same-host"])
+def test_the_dialer_shows_its_probe_only_to_an_authenticated_acceptor(memory) -> None:
+    dialer = Dialer(me(1), expected_peer=0, memory=memory)
+    hello = dialer.hello()
+    assert set(msgpack.unpackb(body(hello))) == {"type", "magic", "version", "job", "rank", "to", "nonce"}
+    forged = Acceptor(me(0, secret=b"a stranger's guess")).on_hello(body(hello))
+    with pytest.raises(HandshakeError, match="rank 0 failed authentication"):
+        dialer.on_challenge(body(forged))
+
+
+def test_messages_out_of_order_are_protocol_errors() -> None:
+    with pytest.raises(ProtocolError, match="WELCOME before CHALLENGE"):
+        Dialer(me(1), expected_peer=0).on_verdict(body(encode_message({"type": "WELCOME", "mac": bytes(32)})))
+    acceptor = Acceptor(me(0))
+    acceptor.on_hello(body(encode_message(hello_fields(rank=1))))
+    with pytest.raises(ProtocolError, match="READS before AUTH"):
+        acceptor.on_reads(body(encode_message({"type": "READS", "reads": True})))
 
 
 class Offering:
@@ -137,16 +181,18 @@ def test_ranks_that_can_read_each_others_memory_learn_it_both_ways() -> None:
     token = cma.local_token()
     dialer = Dialer(me(1), expected_peer=0, nonce=NONCE_D, memory=SAME_HOST)
     acceptor = Acceptor(me(0), nonce=NONCE_A, memory=SAME_HOST)
-    _, challenge, auth, welcome = handshake(dialer, acceptor)
+    _, _, auth, welcome, reads = handshake(dialer, acceptor)
     for side in (dialer, acceptor):
         assert side.peer_memory == cma.PeerMemory(token["pid"]) and side.peer_reads_me
-    assert msgpack.unpackb(body(auth))["reads"] is True and msgpack.unpackb(body(welcome))["reads"] is True
-    # The acceptor's memory token is covered by its MAC (and the dialer's by its own).
+    assert msgpack.unpackb(body(welcome))["reads"] is True and msgpack.unpackb(body(reads))["reads"] is True
+    # Each side's memory token is covered by its MAC: the dialer's AUTH, the acceptor's WELCOME.
     memory = token_bytes(token)
-    assert msgpack.unpackb(body(challenge))["mac"] == reference_mac(
-        b"acceptor", NONCE_D, NONCE_A, dialer=1, acceptor=0, memory=memory
+    assert msgpack.unpackb(body(welcome))["mac"] == reference_mac(
+        b"welcome", NONCE_D, NONCE_A, dialer=1, acceptor=0, memory=memory
     )
-    assert msgpack.unpackb(body(auth))["mac"] == reference_mac(b"dialer", NONCE_A, NONCE_D, dialer=1, acceptor=0, memory=memory)
+    assert msgpack.unpackb(body(auth))["mac"] == reference_mac(
+        b"dialer", NONCE_A, NONCE_D, dialer=1, acceptor=0, memory=memory
+    )
 
 
 @requires_cma
@@ -174,12 +220,25 @@ def test_a_probe_that_does_not_read_back_means_no_memory_access() -> None:
 
 
 @requires_cma
+def _altered(message: bytes) -> bytes:
+    """``message`` with its memory token pointing the reader's reads elsewhere."""
+    fields = msgpack.unpackb(body(message))
+    fields["memory"] = {**fields["memory"], "pid": 1}
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+@requires_cma
 def test_a_memory_token_altered_in_transit_fails_authentication() -> None:
-    dialer = Dialer(me(1), expected_peer=0, nonce=NONCE_D, memory=SAME_HOST)
-    challenge = msgpack.unpackb(body(Acceptor(me(0), nonce=NONCE_A, memory=SAME_HOST).on_hello(body(dialer.hello()))))
-    challenge["memory"] = {**challenge["memory"], "pid": 1}  # point the dialer's reads elsewhere
-    with pytest.raises(HandshakeError, match="rank 0 failed authentication"):
-        dialer.on_challenge(msgpack.packb(challenge, use_bin_type=True))
+    dialer = Dialer(me(1), expected_peer=0, memory=SAME_HOST)
+    acceptor = Acceptor(me(0), memory=SAME_HOST)
+    auth = dialer.on_challenge(body(acceptor.on_hello(body(dialer.hello()))))
+    with pytest.raises(HandshakeError, match="claiming rank 1 failed authentication"):
+        acceptor.on_auth(_altered(auth))  # the dialer's token, in its AUTH
+    dialer = Dialer(me(1), expected_peer=0, memory=SAME_HOST)
+    acceptor = Acceptor(me(0), memory=SAME_HOST)
+    welcome = acceptor.on_auth(body(dialer.on_challenge(body(acceptor.on_hello(body(dialer.hello()))))))
+    with pytest.raises(HandshakeError, match="rank 0's WELCOME failed authentication"):
+        dialer.on_verdict(_altered(welcome))  # the acceptor's token, in its WELCOME
 
 
 def test_fresh_nonces_by_default() -> None:
@@ -219,7 +278,7 @@ def test_dialer_with_wrong_secret_is_refused_by_the_acceptor(forged: str) -> Non
 
 def test_replayed_auth_from_another_session_fails() -> None:
     recorded = handshake(Dialer(me(1), expected_peer=0), Acceptor(me(0)))
-    hello, _, auth, _ = recorded
+    hello, _, auth, _, _ = recorded
     replay = Acceptor(me(0))  # a fresh session: a new acceptor nonce
     replay.on_hello(body(hello))
     with pytest.raises(HandshakeError, match="failed authentication"):
@@ -227,7 +286,7 @@ def test_replayed_auth_from_another_session_fails() -> None:
 
 
 def test_replayed_challenge_from_another_session_fails() -> None:
-    _, challenge, _, _ = handshake(Dialer(me(1), expected_peer=0), Acceptor(me(0)))
+    _, challenge, _, _, _ = handshake(Dialer(me(1), expected_peer=0), Acceptor(me(0)))
     dialer = Dialer(me(1), expected_peer=0)  # a new dialer nonce
     dialer.hello()
     with pytest.raises(HandshakeError, match="failed authentication"):
@@ -266,9 +325,9 @@ def test_wrong_job_refused_by_acceptor() -> None:
     assert "job-42" not in str(caught.value)  # the reason goes back to a stranger
 
 
-def test_wrong_job_refused_by_dialer() -> None:
+def test_a_challenge_of_another_job_fails_authentication() -> None:
     challenge = challenge_from(0, 1, job="other-job")
-    with pytest.raises(HandshakeError, match="job id mismatch"):
+    with pytest.raises(HandshakeError, match="rank 0 failed authentication"):
         Dialer(me(1), expected_peer=0, nonce=NONCE_D).on_challenge(challenge)
 
 
@@ -290,6 +349,9 @@ def test_wrong_job_refused_by_dialer() -> None:
         ({"rank": True}, "'rank' is missing or not int"),
         ({"rank": "1"}, "'rank' is missing or not int"),
         ({"rank": ...}, "'rank' is missing or not int"),
+        ({"to": 2}, "dialed rank 2, and this is another rank"),
+        ({"to": "0"}, "'to' is missing or not int"),
+        ({"to": ...}, "'to' is missing or not int"),
         ({"nonce": NONCE_D[:15]}, "nonce too short"),
         ({"nonce": "x" * 16}, "'nonce' is missing or not bytes"),
         ({"nonce": ...}, "'nonce' is missing or not bytes"),
@@ -317,9 +379,6 @@ def _challenge_with(**overrides) -> bytes:
     [
         ({"version": PROTOCOL_VERSION + 1}, "protocol version mismatch"),
         ({"magic": "nope"}, "bad magic"),
-        ({"rank": WORLD}, "claims rank 4"),
-        ({"rank": 1}, "claims rank 1"),  # the dialer's own rank
-        ({"rank": -3}, "claims rank -3"),
         ({"mac": "x"}, "'mac' is missing or not bytes"),
         ({"nonce": 5}, "'nonce' is missing or not bytes"),
         ({"type": "WELCOME"}, "expected a CHALLENGE"),
@@ -332,9 +391,12 @@ def test_bad_challenge_refused(override: dict, match: str) -> None:
 
 
 def test_dialer_expecting_rank_1_refuses_rank_2() -> None:
-    challenge = challenge_from(acceptor_rank=2, dialer_rank=0)
-    with pytest.raises(HandshakeError, match="dialed rank 1 but rank 2 answered"):
+    challenge = challenge_from(acceptor_rank=2, dialer_rank=0)  # a MAC for the pair 0>2
+    with pytest.raises(HandshakeError, match="rank 1 failed authentication .* not rank 1 of this job"):
         Dialer(me(0), expected_peer=1, nonce=NONCE_D).on_challenge(challenge)
+    with pytest.raises(HandshakeError, match="dialed rank 1, and this is another rank") as refused:
+        Acceptor(me(2)).on_hello(body(Dialer(me(0), expected_peer=1).hello()))
+    assert "rank 2" not in str(refused.value)
 
 
 # -- REJECT and length limits -----------------------------------------------------
@@ -342,12 +404,12 @@ def test_dialer_expecting_rank_1_refuses_rank_2() -> None:
 
 def test_reject_makes_the_dialer_raise_with_the_reason() -> None:
     dialer = Dialer(me(1), expected_peer=0)
-    Acceptor(me(0)).on_hello(body(dialer.hello()))
+    dialer.on_challenge(body(Acceptor(me(0)).on_hello(body(dialer.hello()))))
     reject = reject_message("rank 1 is already connected")
     with pytest.raises(HandshakeError, match="connection refused by the peer: rank 1 is already connected"):
         dialer.on_verdict(body(reject))
     with pytest.raises(HandshakeError, match="refused by the peer: rank 1 is already connected"):
-        dialer.on_challenge(body(reject))
+        Dialer(me(1), expected_peer=0).on_challenge(body(reject))
     assert decode_message(body(reject), "REJECT") == {"type": "REJECT", "reason": "rank 1 is already connected"}
 
 
@@ -387,7 +449,8 @@ _values = st.one_of(
     st.text(max_size=20), st.binary(max_size=40), st.sampled_from([MAGIC, JOB, PROTOCOL_VERSION, 0, 1, 2, 3]),
 )  # fmt: skip
 _fields = st.dictionaries(
-    st.sampled_from(["type", "magic", "version", "job", "rank", "nonce", "mac", "reason", "x"]), _values, max_size=8
+    st.sampled_from(["type", "magic", "version", "job", "rank", "to", "nonce", "mac", "reason", "x"]), _values,
+    max_size=8,
 )
 
 
@@ -419,6 +482,8 @@ def test_fuzz_fields_into_on_hello(fields: dict) -> None:
         and fields["job"] == JOB
         and type(fields["rank"]) is int
         and 0 < fields["rank"] < WORLD
+        and type(fields["to"]) is int
+        and fields["to"] == 0
         and type(fields["nonce"]) is bytes
         and len(fields["nonce"]) >= 16
     )
