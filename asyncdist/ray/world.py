@@ -188,7 +188,7 @@ def ray_world(
                               f"({strategy}) was not placed within {timeout:g} s: does the cluster have the CPUs?")
     actor_class = ray.remote(Rank)
     secret = secrets.token_hex(16)
-    actors = [
+    actors: list[Any] = [
         actor_class.options(
             num_cpus=cpus_per_rank,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
