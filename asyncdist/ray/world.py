@@ -210,8 +210,9 @@ def _translate(exc: RayTaskError | RayActorError, rank: int) -> BaseException:
     """A rank's failure as the driver should see it: its own exception, or
     PeerLostError for an actor that died."""
     if isinstance(exc, RayActorError):
-        lost = PeerLostError(f"rank {rank} of the Ray world was lost: its actor died ({type(exc).__name__}: "
-                             f"{exc.error_msg if hasattr(exc, 'error_msg') else exc})", rank)
+        why = (str(exc).strip().splitlines() or [""])[0]  # Ray's first line; the rest is the actor's ids
+        lost = PeerLostError(f"rank {rank} of the Ray world was lost: its actor died ({type(exc).__name__}: {why})",
+                             rank)
         lost.__cause__ = exc
         return lost
     cause = exc.cause

@@ -123,9 +123,9 @@ def test_late_nodes_are_waited_for_and_every_rank_trains_the_reference(launch) -
     steps = 300
     start, hosts = launch(str(steps))
     node1 = start(1)  # before node 0: its launcher waits for node 0's store
-    node1.expect(rf"asyncdist-run: waiting for node 0's store at {re.escape(hosts.addresses[0])}:{PORT}")
+    node1.expect(rf"asyncdist-run: waiting for node 0's store at {re.escape(hosts.addresses[0])}:{PORT}: .*; retrying")
     node0 = start(0)  # node 2 is late: node 0's ranks say whom they wait for
-    node0.expect(rf"rank 0: waiting at .* for ranks \[4, 5\] of {N * PROCS}")
+    node0.expect(rf"\[rank 0\]: rank 0: waiting at tcp://.* for ranks \[4, 5\] of {N * PROCS}")
     nodes = [node0, node1, start(2)]
     expected = _reference(steps)
     for index, node in enumerate(nodes):
