@@ -43,12 +43,15 @@ def _facade_reduce() -> tuple[int, np.ndarray, str | None]:
     return dist.get_rank(), x, os.environ.get("MASTER_ADDR")
 
 
-@pytest.mark.parametrize("strategy", ["PACK", "SPREAD"])
-def test_await_and_facade_worlds_compute_the_reference(strategy: str) -> None:
+def _placed(world, strategy: str) -> None:
+    table = ray.util.placement_group_table(world.placement_group)
+    assert table["strategy"] == strategy and len(table["bundles"]) == N
+
+
+def test_await_and_facade_worlds_compute_the_reference() -> None:
     expected = sum(_inputs(r) for r in range(N))
-    with ray_world(N, strategy=strategy, timeout=60) as world:
-        table = ray.util.placement_group_table(world.placement_group)
-        assert table["strategy"] == strategy and len(table["bundles"]) == N
+    with ray_world(N, timeout=60) as world:
+        _placed(world, "PACK")
         assert world.nodes == [ray.util.get_node_ip_address()] * N  # one node: the local cluster
         results = world.run(_reduce_and_gather)
         pids = [pid for _, pid in results[0][2]]
@@ -75,7 +78,8 @@ async def _wait_for_rank_2(pg) -> None:
 
 
 def test_a_killed_actor_is_a_lost_peer_on_the_others_within_the_heartbeat_timeout() -> None:
-    with ray_world(N, heartbeat=HEARTBEAT, timeout=60) as world:
+    with ray_world(N, strategy="SPREAD", heartbeat=HEARTBEAT, timeout=60) as world:
+        _placed(world, "SPREAD")
         world.run(_reduce_and_gather)  # the await world is up on every rank
         refs = world.submit(_wait_for_rank_2)
         ready, _ = ray.wait(refs, timeout=0.5)
