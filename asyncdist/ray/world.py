@@ -107,22 +107,14 @@ class RayWorld:
     def shutdown(self) -> None:
         """Close every live rank (rank 0, which serves the store, last), then
         end the actors and free the placement group (blocks; idempotent)."""
-        live = [(rank, actor) for rank, actor in enumerate(self.actors)]
-        closing = [(rank, actor.close.remote()) for rank, actor in reversed(live) if rank != 0]
-        for rank, ref in closing:
-            try:
-                ray.get(ref)
-            except (RayTaskError, RayActorError):
-                pass  # a rank that died or failed has nothing left to close
         if self.actors:
-            try:
-                ray.get(self.actors[0].close.remote())
-            except (RayTaskError, RayActorError):
-                pass
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors = []
-        remove_placement_group(self.placement_group)
+            first, *others = self.actors
+            _settle([actor.close.remote() for actor in others])
+            _settle([first.close.remote()])
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            self.actors = []
+            remove_placement_group(self.placement_group)
 
     def __enter__(self) -> RayWorld:
         return self
@@ -204,6 +196,15 @@ def ray_world(
         world.shutdown()
         raise
     return world
+
+
+def _settle(refs: list[ray.ObjectRef]) -> None:
+    """Wait for each of ``refs``, ignoring failures: a rank that died or failed has nothing left to close."""
+    for ref in refs:
+        try:
+            ray.get(ref)
+        except (RayTaskError, RayActorError):
+            pass
 
 
 def _translate(exc: RayTaskError | RayActorError, rank: int) -> BaseException:
