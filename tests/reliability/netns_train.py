@@ -2,7 +2,8 @@
 
 Run by ``asyncdist-run`` on every node: full-batch gradient descent on a
 least-squares problem, each rank's gradient from its own rows, averaged with
-``all_reduce`` (the blocking facade). Prints ``final <rank> <weights as JSON>``;
+``all_reduce`` (the blocking facade). Prints ``weights <rank> <step> <weights as
+JSON>`` every ``EVERY`` steps and ``final <rank> <weights>`` at the end;
 on a failure, ``error <type> lost=<rank> <message>`` and exit status 1. With
 ``hold``, a failed rank then waits to be stopped (SIGTERM) instead of exiting,
 so that every other rank learns of the failure from its own heartbeat or a
@@ -23,6 +24,7 @@ import numpy as np
 import asyncdist as dist
 
 ROWS, DIM, LR = 96, 5, 0.1
+EVERY = 300
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
@@ -39,8 +41,8 @@ def train(steps: int, rank: int, size: int) -> np.ndarray:
         grad = x[mine].T @ (x[mine] @ w - y[mine]) / ROWS  # this shard's part of the mean's gradient
         dist.all_reduce(grad)
         w -= LR * grad
-        if step % 200 == 0:
-            print(f"step {step}", flush=True)
+        if (step + 1) % EVERY == 0:
+            print(f"weights {rank} {step + 1} {json.dumps(w.tolist())}", flush=True)
     return w
 
 
