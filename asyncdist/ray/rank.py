@@ -66,6 +66,7 @@ class Rank:
         self._store: TCPStore | None = None
         self._world: ProcessGroup | None = None
         self._facade = False
+        self._joining = asyncio.Lock()  # calls run concurrently on an async actor: one join per face
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"asyncdist-ray-rank{rank}")
 
     async def serve_store(self) -> tuple[str, int]:
@@ -86,21 +87,24 @@ class Rank:
 
     async def run_async(self, fn: Callable[..., Awaitable[Any]], args: tuple, kwargs: dict) -> Any:
         """Await ``fn(world, *args, **kwargs)`` on this actor's loop; join the world first if needed."""
-        if self._world is None:
-            self._world = await init_world(store=self._require_store(), rank=self.rank, world_size=self.world_size,
-                                           timeout=self._timeout, store_prefix=_AWAIT_PREFIX,
-                                           heartbeat=self._heartbeat, group_name="ray")
+        async with self._joining:
+            if self._world is None:
+                self._world = await init_world(
+                    store=self._require_store(), rank=self.rank, world_size=self.world_size, timeout=self._timeout,
+                    store_prefix=_AWAIT_PREFIX, heartbeat=self._heartbeat, group_name="ray")
         return await fn(self._world, *args, **kwargs)
 
     async def run_blocking(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """Call ``fn(*args, **kwargs)`` on this rank's thread, after the facade's
         ``init_process_group`` on first use (so ``fn`` may use ``import asyncdist as dist``)."""
         loop = asyncio.get_running_loop()
-        if not self._facade:
-            store = PrefixStore(_FACADE_PREFIX, self._require_store())
-            await loop.run_in_executor(self._thread, lambda: lifecycle.init_process_group(
-                store=store, rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=self._timeout)))
-            self._facade = True
+        async with self._joining:
+            if not self._facade:
+                store = PrefixStore(_FACADE_PREFIX, self._require_store())
+                await loop.run_in_executor(self._thread, lambda: lifecycle.init_process_group(
+                    store=store, rank=self.rank, world_size=self.world_size,
+                    timeout=timedelta(seconds=self._timeout)))
+                self._facade = True
         return await loop.run_in_executor(self._thread, lambda: fn(*args, **kwargs))
 
     async def close(self) -> None:
