@@ -7,7 +7,7 @@ import sys
 
 CHECK = """
 import sys
-import asyncdist, asyncdist.run, asyncdist.testing, asyncdist.launcher, asyncdist.torch_backend
+import asyncdist, asyncdist.run, asyncdist.testing, asyncdist.launcher, asyncdist.bench.cli
 assert not [m for m in sys.modules if m == "ray" or m.startswith("ray.")], "ray imported"
 """
 
