@@ -144,5 +144,5 @@ def test_late_nodes_are_waited_for_ranks_train_the_reference_and_a_lost_link_is_
             assert int(found[1]) in (4, 5) and f"rank {found[1]}" in found[2], found[0]
             took.append(when - cut)
             assert took[-1] < timeout + 3, (node.index, took[-1])
-    print(f"\n[detect] node 2's link down (heartbeat 0.5 s / 3 s): nodes 0-1 reported it after "
+    print("\n[detect] node 2's link down (heartbeat 0.5 s / 3 s): nodes 0-1 reported it after "
           + ", ".join(f"{t * 1000:.0f}" for t in took) + " ms")
