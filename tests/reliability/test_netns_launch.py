@@ -94,19 +94,20 @@ class Node:
 
 @pytest.fixture
 def launch() -> Iterator:
-    """``launch(steps)`` -> ``start(i)``, which starts node i; every node and namespace is removed after."""
+    """``launch(*script_args)`` -> ``(start, hosts)``: ``start(i)`` starts node i's launcher.
+    Every node is stopped, and every namespace removed, after the test."""
     hosts = Hosts()
     nodes: list[Node] = []
     env = {**os.environ, **HEARTBEAT, "ASYNCDIST_SECRET": secrets.token_hex(16), "ASYNCDIST_INIT_REPORT_EVERY": "1"}
 
-    def start(*args: str):  # the script's arguments
-        def node(index: int) -> Node:
+    def launch_with(*args: str):
+        def start(index: int) -> Node:
             nodes.append(Node(hosts, index, list(args), env))
             return nodes[-1]
-        return node, hosts
+        return start, hosts
 
     try:
-        yield start
+        yield launch_with
     finally:
         for node in nodes:
             node.stop()
