@@ -83,11 +83,7 @@ class RayWorld:
                 every rank has finished; a rank whose actor died raises
                 :class:`~asyncdist.errors.PeerLostError` naming it.
         """
-        outcomes = self.gather(self.submit(fn, *args, **kwargs))
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        return outcomes
+        return _results(self.gather(self.submit(fn, *args, **kwargs)))
 
     def gather(self, refs: list[ray.ObjectRef]) -> list[Any]:
         """Wait for one ObjectRef per rank; returns each rank's result or its error
@@ -154,7 +150,9 @@ def ray_world(
 
     Raises:
         InvalidArgumentError: ``n`` < 1, an unknown strategy or a bad CPU count.
-        RendezvousError: the placement group was not placed within ``timeout``.
+        RendezvousError: the placement group was not placed, or the ranks did
+            not reach rank 0's store, within ``timeout``.
+        StoreError: a rank could not serve or reach the store (its own error).
 
     Example::
 
@@ -191,11 +189,24 @@ def ray_world(
     world = RayWorld(actors, group, [])
     try:
         address = actors[0].serve_store.remote()  # an ObjectRef: Ray hands the value to each connect
-        world.nodes = ray.get([actor.connect.remote(address) for actor in actors], timeout=timeout)
+        joins = [actor.connect.remote(address) for actor in actors]
+        joined, _ = ray.wait(joins, num_returns=n, timeout=timeout)
+        if len(joined) < n:
+            raise RendezvousError(f"ray_world: only {len(joined)} of {n} ranks reached the store of rank 0 "
+                                  f"within {timeout:g} s")
+        world.nodes = _results(world.gather(joins))
     except BaseException:
         world.shutdown()
         raise
     return world
+
+
+def _results(outcomes: list[Any]) -> list[Any]:
+    """The outcomes, or the first rank's error among them raised."""
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
 
 
 def _settle(refs: list[ray.ObjectRef]) -> None:
