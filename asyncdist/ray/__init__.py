@@ -1,0 +1,30 @@
+"""asyncdist on Ray: ranks as Ray actors (``pip install "asyncdist[ray]"``).
+
+Ray places the processes (a placement group, packed or spread), and asyncdist
+connects them: rank 0's actor serves the store, its address travels as a Ray
+object, and every rank joins an asyncdist world in its own actor. Functions
+run on every rank from the driver::
+
+    import ray
+    from asyncdist.ray import ray_world
+
+    ray.init(num_cpus=4)
+    with ray_world(4, strategy="SPREAD") as world:
+        async def step(pg):                  # the await API, on the actor's loop
+            x = np.full(2, float(pg.rank))
+            await pg.all_reduce(x)
+            return x
+        print(world.run(step))
+
+For Ray Train, no code of this package is needed: ``TorchTrainer(...,
+torch_config=TorchConfig(backend="asyncdist"))`` runs DDP over asyncdist's
+torch backend (see docs/ray.md).
+
+Importing this package imports Ray; nothing else in asyncdist does.
+"""
+
+from __future__ import annotations
+
+from .world import RayWorld, ray_world
+
+__all__ = ["RayWorld", "ray_world"]
