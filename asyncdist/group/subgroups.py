@@ -20,7 +20,7 @@ so the one that non-members need not agree on in advance.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Generic, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -90,6 +90,39 @@ class Subgroups(Generic[G]):
         made: list[G] = [self.new_group(part, timeout=timeout, name=name) for part in parts]
         mine = next((g for g in made if g.rank >= 0), None)
         return mine, made
+
+    async def split(
+        self,
+        all_gather: Callable[[np.ndarray, np.ndarray], Awaitable[Any]],
+        color: int | None,
+        key: int = 0,
+        *,
+        timeout: timedelta | float | None = None,
+        name: str | None = None,
+    ) -> G | None:
+        """MPI's ``MPI_Comm_split`` over ``all_gather`` (the group's
+        ``all_gather_into_tensor``); see ProcessGroup.split."""
+        m, engine = self._members, self._calls.engine
+        # Every live rank of the job must take part (a shrunk world qualifies: the rest are lost).
+        outside = [r for r in range(engine.world_size) if r not in m.ranks and not engine.is_lost(r)]
+        if outside:
+            raise InvalidArgumentError(
+                f"split: group {m.name!r} has {m.size} of the job's {m.size + len(outside)} live ranks; "
+                "split the world, or use partition(), which every rank calls"
+            )
+        if color is not None and (type(color) is not int or color < 0):
+            raise InvalidArgumentError(f"split: color must be a non-negative int or None, got {color!r}")
+        if type(key) is not int:
+            raise InvalidArgumentError(f"split: key must be an int, got {key!r}")
+        mine = np.array([-1 if color is None else color, key], np.int64)
+        everyone = np.empty(2 * m.size, np.int64)
+        await all_gather(everyone, mine)
+        pairs = everyone.reshape(m.size, 2)
+        parts = self.split_plan(pairs[:, 0], pairs[:, 1])
+        if not parts:
+            return None
+        group, _ = self.partition(parts, timeout=timeout, name=name)
+        return group
 
     def split_plan(self, colors: np.ndarray, keys: np.ndarray) -> list[list[int]]:
         """The parts of ``split``: for each colour >= 0, ascending, its ranks by (key, rank)."""
