@@ -25,8 +25,6 @@ Loop thread only.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 from datetime import timedelta
 from typing import Callable, Generic, TypeVar
 
@@ -35,28 +33,11 @@ from ..timeouts import as_seconds
 from ..wire.frames import Header, Kind
 from .agreement import Agreement, Decision
 from .calls import Calls
+from .contexts import derived_contexts
 
-__all__ = ["FaultTolerance", "derived_contexts"]
+__all__ = ["FaultTolerance"]
 
 G = TypeVar("G")
-# Derived contexts live above every counted one (the counter starts at 0 and
-# grows by a few per group), and below 2**63, which msgpack carries as an int.
-_DERIVED_BASE = 1 << 62
-
-
-def derived_contexts(parent: int, label: str) -> Callable[[], int]:
-    """The context allocator of a group made by agreement: every member derives
-    the same sequence from the parent group's context and ``label`` (56-bit
-    hashes: a collision among a job's groups has odds under 2**-40)."""
-    counter = itertools.count()
-
-    def take() -> int:
-        digest = hashlib.blake2b(f"{parent}/{label}/{next(counter)}".encode(), digest_size=7).digest()
-        return _DERIVED_BASE | int.from_bytes(digest, "big")
-
-    return take
-
-
 class FaultTolerance(Generic[G]):
     """Revoke, agree and shrink for one group.
 

@@ -116,7 +116,7 @@ class ProcessGroup:
         self.objects = ObjectCollectives(self)
         self.monitor = Monitor(self.calls)
         self.subgroups: Subgroups[ProcessGroup] = Subgroups(self.calls, self._child)
-        self.faults: FaultTolerance[ProcessGroup] = FaultTolerance(self.calls, self._shrunk)
+        self.faults: FaultTolerance[ProcessGroup] = FaultTolerance(self.calls, self._child)
         self.store: Any = None
         self._closers: list[Callable[[], Any]] = []
 
@@ -321,8 +321,10 @@ class ProcessGroup:
         """
         return await self.subgroups.split(self.all_gather_into_tensor, color, key, timeout=timeout, name=name)
 
-    def _child(self, ranks: list[int], name: str, timeout: float) -> ProcessGroup:
-        child = ProcessGroup(self.engine, ranks, name=name, timeout=timeout)
+    def _child(
+        self, ranks: list[int], name: str, timeout: float, contexts: Callable[[], int] | None = None
+    ) -> ProcessGroup:
+        child = ProcessGroup(self.engine, ranks, name=name, timeout=timeout, contexts=contexts)
         child.store = self.store
         return child
 
@@ -350,14 +352,7 @@ class ProcessGroup:
 
         Example::
 
-            try:
-                await group.all_reduce(grads)
-                ok = 1
-            except AsyncDistError:
-                await group.revoke()
-                ok = 0
-            if not await group.agree(ok):
-                group = await group.shrink()
+            ok = await group.agree(0 if failed else 1)   # see docs/fault-tolerance.md
         """
         return await self.faults.agree(flag, timeout=timeout)
 
@@ -367,12 +362,8 @@ class ProcessGroup:
         without. It takes over what this group owns (the world: the engine): close it,
         not this one. Raises as :meth:`agree`."""
         group = await self.faults.shrink(timeout=timeout)
-        group.store = self.store
         group._closers, self._closers = group._closers + self._closers, []
         return group
-
-    def _shrunk(self, ranks: list[int], name: str, timeout: float, contexts: Callable[[], int]) -> ProcessGroup:
-        return ProcessGroup(self.engine, ranks, name=name, timeout=timeout, contexts=contexts)
 
     # -- lifetime -----------------------------------------------------------------------
 
