@@ -26,7 +26,7 @@ Loop thread only.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Sequence, TypeVar
 
 from ..errors import GroupRevokedError, InvalidArgumentError
 from ..timeouts import as_seconds
@@ -92,15 +92,32 @@ class FaultTolerance(Generic[G]):
         decision = await self._decide(int(flag), timeout, f"agree({int(flag)})")
         return decision.value
 
-    async def shrink(self, *, timeout: timedelta | float | None = None) -> G:
+    async def shrink(self, *, exclude: Sequence[int] = (), timeout: timedelta | float | None = None) -> G:
         """The group of the members not counted as failed, in the old order.
 
+        Args:
+            exclude: group ranks to count as failed though they may live: they
+                are expelled first (torch's ``shrink_group(ranks_to_exclude)``).
+
         Raises:
-            InvalidRankError, RankExcludedError, OperationTimeoutError: as for :meth:`agree`.
+            InvalidRankError: a rank of ``exclude`` is not a group rank, or this
+                process is not a member.
+            InvalidArgumentError: ``exclude`` names this rank (an excluded rank
+                must not take part).
+            RankExcludedError, OperationTimeoutError: as for :meth:`agree`.
         """
+        m = self._members
+        m.check_member()
+        excluded = {m.check(r, "shrink: excluded rank") for r in exclude}
+        if m.rank in excluded:
+            raise InvalidArgumentError(
+                f"rank {m.rank} of group {m.name!r} is among the ranks to exclude and must not take part in the "
+                "shrink: only the remaining ranks call it (an excluded rank should end its process)")
+        for r in sorted(excluded):
+            if not self._engine.is_lost(m.ranks[r]):
+                self._engine.faults.expel(m.ranks[r], f"rank {m.me} excluded it from group {m.name!r} (shrink)")
         k = self.agreement.peek_number()
         decision = await self._decide(1, timeout, "shrink()")
-        m = self._members
         survivors = [r for r in m.ranks if r not in decision.failed]
         return self._make(survivors, f"{m.name}/shrunk{k}", self._calls.timeout, derived_contexts(self._ctx, f"s{k}"))
 

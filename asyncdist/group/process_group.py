@@ -356,12 +356,13 @@ class ProcessGroup:
         """
         return await self.faults.agree(flag, timeout=timeout)
 
-    async def shrink(self, *, timeout: timedelta | float | None = None) -> ProcessGroup:
+    async def shrink(self, *, exclude: Sequence[int] = (), timeout: timedelta | float | None = None) -> ProcessGroup:
         """The group of the members not counted as failed, agreed even if another
         dies meanwhile, ranks renumbered in the old order; after :meth:`revoke` or
-        without. It takes over what this group owns (the world: the engine): close it,
-        not this one. Raises as :meth:`agree`."""
-        group = await self.faults.shrink(timeout=timeout)
+        without. ``exclude``: group ranks to count as failed though they may live
+        (they are expelled from the job). The new group takes over what this one
+        owns (the world: the engine): close it, not this one. Raises as :meth:`agree`."""
+        group = await self.faults.shrink(exclude=exclude, timeout=timeout)
         group._closers, self._closers = group._closers + self._closers, []
         return group
 
