@@ -309,6 +309,8 @@ class Engine:
     def _unreachable(self, rank: int) -> Exception:
         if self.closed:
             return ClosedError(f"rank {self.rank}: the process group is closed")
+        if self.faults.excluded is not None:
+            return self.faults.excluded
         return self._losses.error(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
 
     def _peer_lost(self, rank: int, error: PeerLostError, orderly: bool = False) -> None:
