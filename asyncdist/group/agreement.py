@@ -112,9 +112,10 @@ class Agreement:
         """Stop watching losses (the group is closed)."""
         self._stop()
 
-    def failed(self) -> set[int]:
-        """The members (global ranks) this rank knows lost."""
-        return {r for r in self._members.ranks if self._engine.is_lost(r)}
+    def failed(self, *, crashed: bool = False) -> set[int]:
+        """The members (global ranks) this rank knows lost; with ``crashed``,
+        not those that closed their process group in order."""
+        return {r for r in self._members.ranks if self._engine.is_lost(r, crashed=crashed)}
 
     def peek_number(self) -> int:
         """The number this rank's next instance will take."""

@@ -65,8 +65,10 @@ class FaultTolerance(Generic[G]):
 
     def failed_ranks(self) -> list[int]:
         """The group ranks known lost: those the last agreement counted as
-        failed, and those this rank has seen lost since, sorted."""
-        lost = self._agreed_failed | self.agreement.failed()
+        failed, and those this rank has seen crash or be expelled since, sorted
+        (a member that closed its group in order, as at the end of a job, has
+        not failed; an agreement still counts it out, since it cannot take part)."""
+        lost = self._agreed_failed | self.agreement.failed(crashed=True)
         return sorted(self._members.group_rank(r) for r in lost)
 
     async def revoke(self) -> None:
