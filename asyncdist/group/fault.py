@@ -137,8 +137,10 @@ class FaultTolerance(Generic[G]):
         if self.revoked is not None:
             return
         m = self._members
-        where = "here" if by == m.me else f"by rank {by}"
-        self.revoked = GroupRevokedError(f"rank {m.me}: group {m.name!r} was revoked {where}", by)
+        if by == m.me:
+            self.revoked = GroupRevokedError(f"rank {m.me}: group {m.name!r} was revoked here", by)
+        else:
+            self.revoked = GroupRevokedError(f"rank {m.me}: group {m.name!r} was revoked by rank {by}", by)
         frame = Header(Kind.REVOKE, self._ctx, m.me, by, 0, "uint8", (), 0)
         for r in m.others:  # first, so that it overtakes the ABORTs of the calls it fails
             self._engine.faults.send(r, frame)

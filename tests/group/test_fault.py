@@ -14,7 +14,9 @@ import operator
 import numpy as np
 import pytest
 
-from asyncdist.errors import GroupRevokedError, InvalidArgumentError, PeerLostError, RankExcludedError
+from asyncdist.errors import (
+    GroupRevokedError, InvalidArgumentError, OperationTimeoutError, PeerLostError, RankExcludedError,
+)
 from asyncdist.group.agreement import DECIDE
 from asyncdist.group.process_group import ProcessGroup
 from asyncdist.testing import crash, local_world
@@ -197,3 +199,12 @@ async def test_agree_refuses_a_flag_that_is_not_an_int() -> None:
     async with local_world(2) as ranks:
         with pytest.raises(InvalidArgumentError, match="flag must be an int, got 1.5"):
             await ranks[0].agree(1.5)  # type: ignore[arg-type]
+
+
+async def test_an_agreement_that_cannot_finish_says_whom_it_waits_for() -> None:
+    async with local_world(2) as ranks:
+        with pytest.raises(OperationTimeoutError, match=r"rank 0: agree\(1\) \(agreement #0 of group 'local2'\) did "
+                           r"not complete within 0.2 s; waiting for the state of rank 1"):
+            await ranks[0].agree(1, timeout=0.2)
+        with pytest.raises(OperationTimeoutError, match="waiting for the decision of rank 0"):
+            await ranks[1].shrink(timeout=0.2)
