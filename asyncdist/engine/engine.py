@@ -77,13 +77,13 @@ class Engine:
         self.world_size = me.world_size
         self._max_payload = max_payload
         self._mailbox = Mailbox(me.rank)
-        #: Control frames of groups, loss watchers, exclusion, revoked contexts (:mod:`.faults`).
         self._crashed = False
         self._connections: dict[int, Connection] = {}
         self._losses = Losses()
         self._inboxes: dict[int, PeerInbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
+        #: Control frames of groups, loss watchers, exclusion, revoked contexts (:mod:`.faults`).
         self.faults = Faults(me.rank, self._mailbox, self._connections, self._peer_lost)
         self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._silent)
         self._all_connected: asyncio.Future | None = None
@@ -167,9 +167,10 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
-        refused = self.faults.send_error(header.ctx)
-        if refused is not None:
-            raise refused
+        if self.faults.refusing:  # an attribute test per message; the rest only after a revoke
+            refused = self.faults.send_error(header.ctx)
+            if refused is not None:
+                raise refused
         return connection.send_message(header, payload)
 
     def post_recv(
