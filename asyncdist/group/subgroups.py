@@ -115,7 +115,8 @@ class Subgroups(Generic[G]):
         m = self._members
         seconds = as_seconds(timeout, default=self._calls.timeout, what="split_group: timeout")
         contexts = derived_contexts(self._calls.collective_context, f"split{self._splits}/{mine}")
-        child = self._make([m.ranks[r] for r in sorted(parts[mine])], name or f"{m.name}/split{self._splits}", seconds, contexts)
+        ranks = [m.ranks[r] for r in sorted(parts[mine])]
+        child = self._make(ranks, name or f"{m.name}/split{self._splits}", seconds, contexts)
         self.keep(child)
         return child
 
