@@ -22,9 +22,11 @@ outside MPI matching, so it works on a revoked group.
 * A rank that has decided instance k remembers the decision and answers
   any later STATE or QUERY for k with it. A coordinator that is not the
   group's rank 0 (an earlier one may have decided and died during its
-  broadcast) first QUERYs every member it has no STATE from, and adopts a
-  decision any of them reports. So a coordinator that dies after a partial
-  broadcast cannot cause two decisions among the live.
+  broadcast) first QUERYs every member it has no STATE from; a decision
+  any of them reports is adopted and passed on to the members waiting on
+  this rank. So a coordinator that dies after a partial broadcast cannot
+  cause two decisions among the live.
+* Members call instances in the same order, one at a time per group.
 * A member that reads a decision, or a failed set, that names itself is
   excluded (:class:`~asyncdist.errors.RankExcludedError`).
 
