@@ -217,3 +217,14 @@ async def test_two_agreements_at_once_on_one_rank_are_refused() -> None:
         with pytest.raises(InvalidArgumentError, match="while agreement #0 is under way"):
             await ranks[0].agree(1)
         assert await asyncio.gather(first, ranks[1].agree(3)) == [1, 1]
+
+
+async def test_a_reset_that_comes_with_a_dead_ranks_last_frames_is_seen_at_once() -> None:
+    # The last frame and the reset arrive together; on uvloop the loop reports
+    # that socket's readiness once (see asyncdist.transport.stream).
+    async with local_world(2) as ranks:
+        ranks[1].isend(np.ones(1), dst=0)
+        crash(ranks[1])
+        with pytest.raises(PeerLostError, match="rank 1"):
+            await asyncio.wait_for(ranks[0].recv(np.zeros(1), src=1, tag=5), 3)
+        await ranks[1].engine.close()
