@@ -38,6 +38,8 @@ from .contexts import derived_contexts
 __all__ = ["FaultTolerance"]
 
 G = TypeVar("G")
+
+
 class FaultTolerance(Generic[G]):
     """Revoke, agree and shrink for one group.
 
