@@ -56,7 +56,7 @@ from .facade.groups import (
     new_subgroups_by_enumeration,
     split_group,
 )
-from .facade.shrinking import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group
+from .facade.faults import SHRINK_ABORT, SHRINK_DEFAULT, agree, failed_ranks, revoke, shrink_group
 from .facade.objects import (
     all_gather_object,
     broadcast_object_list,
@@ -172,6 +172,9 @@ __all__ = [
     "is_torchelastic_launched",
     "split_group",
     "shrink_group",
+    "agree",
+    "revoke",
+    "failed_ranks",
     "SHRINK_DEFAULT",
     "SHRINK_ABORT",
     "get_backend_config",
