@@ -56,6 +56,7 @@ from .facade.groups import (
     new_subgroups_by_enumeration,
     split_group,
 )
+from .facade.faults import SHRINK_ABORT, SHRINK_DEFAULT, agree, failed_ranks, revoke, shrink_group
 from .facade.objects import (
     all_gather_object,
     broadcast_object_list,
@@ -170,6 +171,12 @@ __all__ = [
     "get_node_local_rank",
     "is_torchelastic_launched",
     "split_group",
+    "shrink_group",
+    "agree",
+    "revoke",
+    "failed_ranks",
+    "SHRINK_DEFAULT",
+    "SHRINK_ABORT",
     "get_backend_config",
     "get_pg_count",
     "all_gather_coalesced",

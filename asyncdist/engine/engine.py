@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 import time
 from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
+from .faults import Faults
 from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
 from ..rendezvous.waiting import WaitReports
 from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
-from .losses import Losses
+from .losses import Losses, goodbye
 from .mailbox import Mailbox, PeerInbox
 from .matching import Fold, PostedRecv
 from ..transport.heartbeat import Heartbeat, HeartbeatConfig
@@ -52,21 +52,6 @@ _CLOSE_DRAIN_SECONDS = 10.0
 # How long close() then waits for every peer to have read its goodbye (a live
 # peer's loop reads it within milliseconds; a stopped one is not waited for longer).
 _CLOSE_LINGER_SECONDS = 5.0
-
-
-def _goodbye(rank: int, signum: int) -> str:
-    """How a peer's BYE reads: why it left, when its tag names a signal."""
-    if signum == signal.SIGINT:
-        return f"rank {rank} was interrupted (SIGINT)"
-    if signum == signal.SIGTERM:
-        return f"rank {rank} was terminated (SIGTERM)"
-    if signum:
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        return f"rank {rank} was stopped ({name})"
-    return f"rank {rank} closed its process group"
 
 
 class Engine:
@@ -99,7 +84,9 @@ class Engine:
         self._inboxes: dict[int, PeerInbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
-        self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._peer_lost)
+        #: Control frames of groups, loss watchers, exclusion, revoked contexts (:mod:`.faults`).
+        self.faults = Faults(me.rank, self._mailbox, self._connections, self._peer_lost)
+        self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._silent)
         self._all_connected: asyncio.Future | None = None
         self._next_context = 0
         self._abort_watchers: dict[int, Callable[[int, AsyncDistError], None]] = {}
@@ -201,6 +188,10 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
+        if self.faults.refusing:  # an attribute test per message; the rest only after a revoke
+            refused = self.faults.send_error(header.ctx)
+            if refused is not None:
+                raise refused
         return connection.send_message(header, payload)
 
     def post_recv(
@@ -223,6 +214,8 @@ class Engine:
         """
         if self.closed:
             raise ClosedError(f"rank {self.rank}: the process group is closed")
+        if self.faults.excluded is not None:
+            raise self.faults.excluded
         assert self._loop is not None
         recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op, fold)
         self._mailbox.post(recv, self._losses.fatal_for(recv))
@@ -273,6 +266,13 @@ class Engine:
                 except PeerLostError:
                     pass
 
+    def is_lost(self, rank: int, *, crashed: bool = False) -> bool:
+        """Whether ``rank`` crashed or was expelled, or (unless ``crashed``) left in order."""
+        return rank in self._losses and not (crashed and self._losses.left(rank))
+
+    def _silent(self, rank: int, error: PeerLostError) -> None:  # the heartbeat's verdict; it may be only paused
+        self.faults.expel(rank, f"rank {self.rank} heard nothing from it within the heartbeat timeout", error)
+
     def cancel_recv(self, recv: PostedRecv) -> bool:
         """Withdraw a receive that has not matched yet; True if it was withdrawn."""
         return self._mailbox.cancel(recv)
@@ -299,7 +299,7 @@ class Engine:
     def _control_frame(self, rank: int, header: Header) -> None:
         """A frame without a message's payload; a PING's arrival was its point."""
         if header.kind == Kind.BYE:
-            self._peer_lost(rank, PeerLostError(_goodbye(rank, header.tag), rank), orderly=True)
+            self._peer_lost(rank, PeerLostError(goodbye(rank, header.tag), rank), orderly=True)
         elif header.kind == Kind.ABORT:
             error = error_from_abort(header)
             failed_here = self._mailbox.call_error(header.ctx, header.tag) is not None
@@ -311,12 +311,16 @@ class Engine:
             connection = self._connections.get(rank)
             if connection is not None:  # else: it came after the peer's BYE, in the same read
                 connection.remote_done()
+        elif header.kind in (Kind.REVOKE, Kind.AGREE):
+            self.faults.frame(rank, header)
 
     # -- failures --------------------------------------------------------------
 
     def _unreachable(self, rank: int) -> Exception:
         if self.closed:
             return ClosedError(f"rank {self.rank}: the process group is closed")
+        if self.faults.excluded is not None:
+            return self.faults.excluded
         return self._losses.error(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
 
     def _peer_lost(self, rank: int, error: PeerLostError, orderly: bool = False) -> None:
@@ -335,6 +339,7 @@ class Engine:
         if inbox is not None:
             inbox.lose(error)
         self._mailbox.fail_dependents(rank, self._losses.fatal_for, error)
+        self.faults.lost(rank)
         gone = self._peers_gone
         if gone is not None and not self._connections and not gone.done():
             gone.set_result(None)
