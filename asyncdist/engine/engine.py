@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
+from .dumps import Dumps
+from .recorder import Recorder, capacity_from_env
+from .whereabouts import Whereabouts, hang_warn_from_env
 from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
 from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
@@ -105,12 +109,18 @@ class Engine:
         #: the BYE frame's tag so that they word the loss by its cause.
         self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
+        #: the flight recorder, its dumps, and the hang warnings' questions to peers
+        self.recorder = Recorder(me.rank, capacity_from_env())
+        self.dumps = Dumps(self.recorder, me.world_size, me.job_id)
+        #: seconds a collective call waits before asking its peers where they are (0: never)
+        self.hang_warn = hang_warn_from_env(os.environ)
+        self.whereabouts = Whereabouts(me.rank, self.recorder, self._send_control)
 
     # -- setup -------------------------------------------------------------
 
     async def listen(self, host: str) -> tuple[str, int]:
         """Listen on an ephemeral port of ``host``; return (host, port) to publish."""
-        self._loop = asyncio.get_running_loop()
+        self._loop = self.dumps.loop = asyncio.get_running_loop()
         self._all_connected = self._loop.create_future()
         self.address = await self._mesh.listen(host)
         self._heartbeat.start()
@@ -287,6 +297,21 @@ class Engine:
             connection = self._connections.get(rank)
             if connection is not None:  # else: it came after the peer's BYE, in the same read
                 connection.remote_done()
+        elif header.kind == Kind.WHERE:
+            self.whereabouts.question(rank, header)
+        elif header.kind == Kind.HERE:
+            self.whereabouts.answer(rank, header)
+
+    def _send_control(self, rank: int, header: Header) -> bool:
+        """Send a frame without payload to ``rank``; False if it cannot go."""
+        connection = self._connections.get(rank)
+        if connection is None:
+            return False
+        try:
+            connection.send_frame(encode_header(header), None)
+        except PeerLostError:
+            return False
+        return True
 
     # -- failures --------------------------------------------------------------
 
@@ -302,6 +327,9 @@ class Engine:
         """
         if not self._losses.record(rank, error, orderly=orderly):
             return
+        if not self.closed and (not orderly or self.recorder.has_open()):  # not a job's orderly end
+            self.recorder.lost[rank] = str(error)
+            self.dumps.on_failure(f"lost rank {rank}")
         connection = self._connections.pop(rank, None)
         if connection is not None:
             connection.close(error)
@@ -360,6 +388,7 @@ class Engine:
             except asyncio.TimeoutError:
                 log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
         await self._linger()
+        await self.whereabouts.close()
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
         await self._mesh.close()

@@ -165,6 +165,7 @@ class Calls:
         while len(self._described) > _REMEMBERED_CALLS:
             self._described.popitem(last=False)
         channel = self._channel(seq, op, on_close=self._open.discard)
+        channel.record()  # in the flight recorder, with this call's number and description
         error = self._take_late() or self._stale_error(stale) or self._disagreement(seq, op)
         if error is not None:
             channel.fail(error)  # the other members of this call learn of it now
@@ -289,9 +290,19 @@ class Calls:
 
     # -- deadlines -------------------------------------------------------------------
 
-    def message(self, what: str, future: asyncio.Future, peers: Sequence[int], *, sending: bool) -> Message:
-        """One point-to-point message in flight, as progress reports and timeouts name it."""
-        return Message(what, future, peers, sending=sending, members=self.members.ranks)
+    def message(
+        self, what: str, future: asyncio.Future, peers: Sequence[int], *, sending: bool, nbytes: int = -1
+    ) -> Message:
+        """One point-to-point message in flight, as progress reports and timeouts
+        name it; entered in the flight recorder until ``future`` is done."""
+        ranks = self.members.ranks
+        message = Message(what, future, peers, sending=sending, members=ranks)
+        recorder = self.engine.recorder
+        entry = recorder.open("p2p", self.p2p_context, self.members.name, 0, what,
+                              tuple(ranks[p] for p in peers), message, started=recorder.clock(), nbytes=nbytes)
+        if entry is not None:
+            future.add_done_callback(lambda done: recorder.close(entry, None if done.cancelled() else done.exception()))
+        return message
 
     def work(self, future: asyncio.Future, message: Message, outputs: list) -> Work:
         """A point-to-point Work, whose timed-out wait names its peer as a collective's does."""
@@ -332,6 +343,7 @@ class Calls:
         timeout, me = self.timeout, self.members.me  # as when the operation started
 
         def make() -> Exception:
+            self.engine.dumps.on_failure(f"operation timeout in {message.where}")
             return OperationTimeoutError(timeout_message(me, message.where, timeout, message.awaited()))
 
         return make
