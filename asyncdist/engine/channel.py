@@ -56,6 +56,7 @@ async def wait_until(
     if future.done():
         return future.result()
     loop = asyncio.get_running_loop()
+    handle: asyncio.TimerHandle
 
     def expire() -> None:
         if not future.done():
@@ -176,10 +177,10 @@ class Channel:
         self._warn_at = None  # once per call
         engine = self._engine
         awaited = self.awaited()
-        peers = awaited.receiving or awaited.sending
-        if peers:
-            since = self.deadline - self._timeout
-            engine.whereabouts.warn(self._ctx, self.seq, self.op, self._group_name, [self._ranks[p] for p in peers], since)
+        peers = [self._ranks[p] for p in awaited.receiving or awaited.sending]
+        members = [rank for rank in self._ranks if rank != engine.rank]
+        engine.whereabouts.warn(self._ctx, self.seq, self.op, self._group_name, members, peers,
+                                self.deadline - self._timeout)  # fmt: skip
 
     def by_memory(self, peer: int, *, sending: bool) -> bool:
         """Whether large payloads sent to (``sending``) or received from group

@@ -31,6 +31,7 @@ import socket
 from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
+from .counters import Counters
 from .dumps import Dumps
 from .recorder import Recorder, capacity_from_env
 from .whereabouts import Whereabouts, hang_warn_from_env
@@ -110,11 +111,12 @@ class Engine:
         self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
         #: the flight recorder, its dumps, and the hang warnings' questions to peers
-        self.recorder = Recorder(me.rank, capacity_from_env())
+        self.counters = Counters(me.world_size)
+        self.recorder = Recorder(me.rank, capacity_from_env(), self.counters.ops)
         self.dumps = Dumps(self.recorder, me.world_size, me.job_id)
         #: seconds a collective call waits before asking its peers where they are (0: never)
         self.hang_warn = hang_warn_from_env(os.environ)
-        self.whereabouts = Whereabouts(me.rank, self.recorder, self._send_control)
+        self.whereabouts = Whereabouts(me.rank, self.recorder, self._connections)
 
     # -- setup -------------------------------------------------------------
 
@@ -147,7 +149,7 @@ class Engine:
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
         assert self._loop is not None and self._all_connected is not None, "listen() first"
-        inbox = PeerInbox(self._mailbox, peer, self._control_frame)
+        inbox = PeerInbox(self._mailbox, peer, self._control_frame, self.counters)
         decoder = FrameDecoder(inbox, max_payload=self._max_payload)
         self._inboxes[peer] = inbox
         self._connections[peer] = inbox.connection = Connection(
@@ -187,6 +189,9 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
+        counters = self.counters
+        counters.sent_bytes[dst] += header.nbytes
+        counters.sent_messages[dst] += 1
         return connection.send_message(header, payload)
 
     def post_recv(
@@ -301,17 +306,6 @@ class Engine:
             self.whereabouts.question(rank, header)
         elif header.kind == Kind.HERE:
             self.whereabouts.answer(rank, header)
-
-    def _send_control(self, rank: int, header: Header) -> bool:
-        """Send a frame without payload to ``rank``; False if it cannot go."""
-        connection = self._connections.get(rank)
-        if connection is None:
-            return False
-        try:
-            connection.send_frame(encode_header(header), None)
-        except PeerLostError:
-            return False
-        return True
 
     # -- failures --------------------------------------------------------------
 

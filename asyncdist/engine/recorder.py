@@ -109,10 +109,13 @@ class Recorder:
         capacity: operations kept; 0 records nothing (:meth:`open` returns None).
     """
 
-    __slots__ = ("rank", "capacity", "_ring", "_count", "clock", "lost")
+    __slots__ = ("rank", "capacity", "_ring", "_count", "clock", "lost", "ops")
 
-    def __init__(self, rank: int, capacity: int) -> None:
+    def __init__(self, rank: int, capacity: int, ops: dict[tuple[int, str], list] | None = None) -> None:
         self.rank = rank
+        #: (context, description) -> [count, seconds] of the operations that ended
+        #: (:class:`~asyncdist.engine.counters.Counters`' ``ops``)
+        self.ops = {} if ops is None else ops
         self.capacity = capacity
         self._ring = [Entry() for _ in range(capacity)]
         self._count = 0  # operations recorded so far
@@ -153,9 +156,15 @@ class Recorder:
         entry.state = STARTED
 
     def close(self, entry: Entry, error: BaseException | None = None) -> None:
-        """Mark ``entry`` completed, or failed with ``error`` (loop thread)."""
-        entry.ended = self.clock()
+        """Mark ``entry`` completed, or failed with ``error``, and count it (loop thread)."""
+        entry.ended = ended = self.clock()
         entry.step = None
+        key = (entry.ctx, entry.desc)
+        stat = self.ops.get(key)
+        if stat is None:
+            stat = self.ops[key] = [0, 0.0]
+        stat[0] += 1
+        stat[1] += ended - entry.posted
         if error is None:
             entry.state = COMPLETED
         else:

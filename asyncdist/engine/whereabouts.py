@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Callable
+from typing import Any, Mapping
 
 from .descriptions import short
 from .recorder import Recorder
-from ..wire.frames import Header, Kind
+from ..errors import InvalidArgumentError, PeerLostError
+from ..transport.stream import Connection
+from ..wire.frames import Header, Kind, encode_header
 
 __all__ = ["Whereabouts", "HANG_WARN_ENV", "hang_warn_from_env"]
 
@@ -46,8 +48,6 @@ def hang_warn_from_env(environ: Any) -> float:
     Raises:
         InvalidArgumentError: not a number of seconds >= 0.
     """
-    from ..errors import InvalidArgumentError
-
     text = environ.get(HANG_WARN_ENV, "").strip()
     if not text:
         return DEFAULT_HANG_WARN
@@ -82,34 +82,41 @@ class Whereabouts:
     Args:
         rank: this rank.
         recorder: where this rank's answers come from.
-        send: sends a control frame to a peer; False if it cannot be sent.
+        connections: the engine's live map of peer rank to connection (read only).
     """
 
-    def __init__(self, rank: int, recorder: Recorder, send: Callable[[int, Header], bool]) -> None:
+    def __init__(self, rank: int, recorder: Recorder, connections: Mapping[int, Connection]) -> None:
         self._rank = rank
         self._recorder = recorder
-        self._send = send
+        self._connections = connections
         self._next = 0
         self._questions: dict[int, tuple[set[int], dict[int, Any], asyncio.Future]] = {}
         self._reports: set[asyncio.Task] = set()
 
-    def warn(self, ctx: int, seq: int, desc: str, group: str, peers: list[int], since: float) -> None:
-        """Ask ``peers`` (global ranks) where they are; log one warning once they answered.
+    def warn(self, ctx: int, seq: int, desc: str, group: str, members: list[int], awaited: list[int],
+             since: float) -> None:  # fmt: skip
+        """Ask the call's other ``members`` where they are; log one warning once they answered.
+
+        The warning names the members that are not in this call (behind, or in
+        another), which is where a hang starts; if every member is in it, the
+        peers it ``awaited`` directly (global ranks both).
 
         Args:
             ctx, seq, desc, group: the waiting call.
             since: when it began (loop time).
         """
         waited = self._recorder.clock() - since
-        task = asyncio.ensure_future(self._report(ctx, short(desc, seq, group), peers, waited))
+        report = self._report(ctx, seq, short(desc, seq, group), members, awaited, waited)
+        task = asyncio.ensure_future(report)
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
 
-    async def _report(self, ctx: int, what: str, peers: list[int], waited: float) -> None:
+    async def _report(self, ctx: int, seq: int, what: str, members: list[int], awaited: list[int],
+                      waited: float) -> None:  # fmt: skip
         qid = self._next = self._next + 1
         future = asyncio.get_running_loop().create_future()
         answers: dict[int, Any] = {}
-        waiting = {p for p in peers if self._send(p, Header(Kind.WHERE, ctx, self._rank, qid, 0, "uint8", (), 0))}
+        waiting = {p for p in members if self._send(p, Header(Kind.WHERE, ctx, self._rank, qid, 0, "uint8", (), 0))}
         self._questions[qid] = (waiting, answers, future)
         try:
             if waiting:
@@ -118,7 +125,13 @@ class Whereabouts:
             pass
         finally:
             self._questions.pop(qid, None)
-        clauses = " and ".join(_peer_clause(p, answers.get(p), p in answers) for p in peers)
+
+        def elsewhere(rank: int) -> bool:
+            answer = answers.get(rank)
+            return rank not in answers or answer is None or (answer.get("ctx"), answer.get("seq")) != (ctx, seq)
+
+        named = [rank for rank in members if elsewhere(rank)] or awaited
+        clauses = " and ".join(_peer_clause(p, answers.get(p), p in answers) for p in named)
         log.warning("rank %d: %s has waited %.3g s for %s", self._rank, what, waited, clauses)
 
     def question(self, rank: int, header: Header) -> None:
@@ -139,6 +152,17 @@ class Whereabouts:
         waiting.discard(rank)
         if not waiting and not future.done():
             future.set_result(None)
+
+    def _send(self, rank: int, header: Header) -> bool:
+        """Send a frame without payload to ``rank``; False if it cannot go."""
+        connection = self._connections.get(rank)
+        if connection is None:
+            return False
+        try:
+            connection.send_frame(encode_header(header), None)
+        except PeerLostError:
+            return False
+        return True
 
     async def close(self) -> None:
         """Log the warnings still waiting for answers with what came, and end them."""

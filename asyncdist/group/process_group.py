@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, Sequence, TypeVar
 
 import numpy as np
@@ -37,6 +39,7 @@ from .devices import Devices
 from .members import Members
 from .monitor import Monitor
 from .objects import ObjectCollectives
+from . import observing
 from .p2p import PointToPoint
 from .subgroups import Subgroups
 from .work import Work
@@ -334,6 +337,16 @@ class ProcessGroup:
         child = ProcessGroup(self.engine, ranks, name=name, timeout=timeout)
         child.store = self.store
         return child
+
+    # -- observing ----------------------------------------------------------------------
+
+    def dump_trace(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write this rank's flight recorder (:func:`.observing.dump_trace`); return the file."""
+        return observing.dump_trace(self.engine, path)
+
+    def stats(self, reset: bool = False) -> dict[str, Any]:
+        """Bytes and messages per member, operations by kind, time in them (:func:`.observing.stats`)."""
+        return observing.stats(self.calls, reset=reset)
 
     # -- lifetime -----------------------------------------------------------------------
 
