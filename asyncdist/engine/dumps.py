@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -34,6 +35,8 @@ from typing import Any
 from .recorder import Recorder
 
 __all__ = ["Dumps", "TRACE_DIR_ENV", "dump_file", "install_sigusr1"]
+
+log = logging.getLogger("asyncdist.trace")
 
 TRACE_DIR_ENV = "ASYNCDIST_TRACE_DIR"
 FORMAT_VERSION = 1
@@ -97,20 +100,28 @@ class Dumps:
     def on_failure(self, reason: str) -> None:
         """A failure: freeze what the open operations wait on, dump at the end of
         this loop turn (into ``directory``; nothing when there is none)."""
+        self.recorder.freeze()  # for a dump on demand later, too
         if self.directory is None or self.recorder.capacity == 0:
             return
-        self.recorder.freeze()
         self._reasons.append(reason)
         if len(self._reasons) == 1:
             asyncio.get_running_loop().call_soon(self._write_pending)
 
     def _write_pending(self) -> None:
         reasons, self._reasons = self._reasons, []
-        self.write(reason="; ".join(dict.fromkeys(reasons)))
+        self._write_logged("; ".join(dict.fromkeys(reasons)))
 
     def _on_signal(self) -> None:
         self.recorder.freeze()
-        self.write(reason="SIGUSR1")
+        self._write_logged("SIGUSR1")
+
+    def _write_logged(self, reason: str) -> None:
+        try:
+            path = self.write(reason=reason)
+        except OSError as exc:
+            log.warning("rank %d: could not write the flight recorder's dump: %s", self.recorder.rank, exc)
+            return
+        log.warning("rank %d: flight recorder dumped to %s (%s)", self.recorder.rank, path, reason)
 
 
 def install_sigusr1() -> bool:
