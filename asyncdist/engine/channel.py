@@ -26,7 +26,9 @@ from typing import Any, Awaitable, Callable, TypeVar
 from .abort import is_relayed
 from ..buffers.host import HostBuffer
 from .engine import Engine
-from ..errors import AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError
+from ..errors import (
+    AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError, PeerLostError,
+)
 from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
 from .recorder import Entry
@@ -35,6 +37,11 @@ from ..wire.frames import Header, Kind
 __all__ = ["Channel", "wait_until"]
 
 T = TypeVar("T")
+
+# The failures that dump the flight recorder (ASYNCDIST_TRACE_DIR), and how the dump's reason names them.
+_DUMPED: dict[type, str] = {
+    CollectiveMismatchError: "collective mismatch", PeerLostError: "lost peer", OperationTimeoutError: "operation timeout",
+}
 
 
 async def wait_until(
@@ -265,10 +272,15 @@ class Channel:
     def _close_record(self, error: AsyncDistError | None) -> None:
         """End the call's flight record (completed, or failed with ``error``)."""
         entry = self._entry
-        if entry is not None and entry.ended is None:
-            self._engine.recorder.close(entry, error)
-            if isinstance(error, CollectiveMismatchError):
-                self._engine.dumps.on_failure(f"collective mismatch in {self.where}")
+        if entry is None or entry.ended is not None:
+            return
+        recorder = self._engine.recorder
+        recorder.close(entry, error)
+        why = next((why for kind, why in _DUMPED.items() if isinstance(error, kind)), None)
+        if why is not None:  # also when another rank found it and told this one (an ABORT)
+            if isinstance(error, PeerLostError):
+                recorder.lost.setdefault(error.rank, str(error))
+            self._engine.dumps.on_failure(f"{why} in {self.where}")
 
     def fail(self, error: AsyncDistError, *, relay: bool = True) -> None:
         """Mark the call failed on this rank: its receives fail, its late

@@ -7,9 +7,9 @@ folder). ``asyncdist-trace analyze`` reads a folder of them.
 
 A failure (an operation timeout, a lost peer, ranks that disagree) first
 *freezes* the record (each open operation notes the peers it waits on,
-before the failure withdraws its receives), then writes the dump once the
-loop turn that failed every dependent operation is over: many operations
-failing at once make one dump.
+before the failure withdraws its receives), then writes the dump at once;
+the other operations that fail in the same loop turn rewrite it once at
+the end of the turn.
 
 SIGUSR1 dumps every live engine of the process (the handler is installed
 from the main thread, and only where SIGUSR1 still has its default action).
@@ -64,7 +64,7 @@ class Dumps:
         self.job_id = job_id
         self.directory = directory if directory is not None else (os.environ.get(TRACE_DIR_ENV) or None)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._reasons: list[str] = []  # failures since the last dump, written at the end of this turn
+        self._reasons: list[str] = []  # failures of this loop turn, the first already dumped
         _LIVE.add(self)
 
     def snapshot(self, reason: str) -> dict[str, Any]:
@@ -98,18 +98,25 @@ class Dumps:
         return target
 
     def on_failure(self, reason: str) -> None:
-        """A failure: freeze what the open operations wait on, dump at the end of
-        this loop turn (into ``directory``; nothing when there is none)."""
+        """A failure: freeze what the open operations wait on and dump now (into
+        ``directory``; nothing when there is none). The failures that follow in
+        this loop turn (every operation that depended on a lost peer) rewrite
+        it once at the end of the turn. Now, not later: the facade's caller may
+        get the error and end the process before the loop turns again."""
         self.recorder.freeze()  # for a dump on demand later, too
         if self.directory is None or self.recorder.capacity == 0:
             return
+        if self._reasons:  # this turn already dumped: once more at its end
+            self._reasons.append(reason)
+            return
         self._reasons.append(reason)
-        if len(self._reasons) == 1:
-            asyncio.get_running_loop().call_soon(self._write_pending)
+        self._write_logged(reason)
+        asyncio.get_running_loop().call_soon(self._rewrite)
 
-    def _write_pending(self) -> None:
+    def _rewrite(self) -> None:
         reasons, self._reasons = self._reasons, []
-        self._write_logged("; ".join(dict.fromkeys(reasons)))
+        if len(reasons) > 1:
+            self._write_logged("; ".join(dict.fromkeys(reasons)))
 
     def _on_signal(self) -> None:
         self.recorder.freeze()
