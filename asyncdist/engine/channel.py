@@ -31,7 +31,7 @@ from ..errors import (
 )
 from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
-from .recorder import Entry
+from .recorder import ENDED_AT, STARTED, STARTED_AT, STATE, Entry
 from ..wire.frames import Header, Kind
 
 __all__ = ["Channel", "wait_until"]
@@ -245,8 +245,9 @@ class Channel:
             AsyncDistError: the algorithm's error.
         """
         entry = self._entry
-        if entry is not None:
-            self._engine.recorder.start(entry)
+        if entry is not None:  # started: its messages flow
+            entry[STARTED_AT] = self._engine.recorder.clock()
+            entry[STATE] = STARTED
         try:
             result = await algorithm
         except AsyncDistError as error:
@@ -272,10 +273,12 @@ class Channel:
     def _close_record(self, error: AsyncDistError | None) -> None:
         """End the call's flight record (completed, or failed with ``error``)."""
         entry = self._entry
-        if entry is None or entry.ended is not None:
+        if entry is None or entry[ENDED_AT] is not None:
             return
         recorder = self._engine.recorder
         recorder.close(entry, error)
+        if error is None:
+            return
         why = next((why for kind, why in _DUMPED.items() if isinstance(error, kind)), None)
         if why is not None:  # also when another rank found it and told this one (an ABORT)
             if isinstance(error, PeerLostError):

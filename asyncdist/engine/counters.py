@@ -25,7 +25,7 @@ class Counters:
     Attributes:
         sent_bytes, sent_messages, received_bytes, received_messages: per
             global rank (payload bytes; messages with or without payload).
-        ops: (context, description) -> [count, seconds from posted to ended].
+        ops: context -> description -> [count, seconds from posted to ended].
     """
 
     __slots__ = ("sent_bytes", "sent_messages", "received_bytes", "received_messages", "ops")
@@ -35,7 +35,7 @@ class Counters:
         self.sent_messages = [0] * world_size
         self.received_bytes = [0] * world_size
         self.received_messages = [0] * world_size
-        self.ops: dict[tuple[int, str], list] = {}
+        self.ops: dict[int, dict[str, list]] = {}
 
     def reset(self) -> None:
         """Start counting from zero."""
@@ -63,10 +63,9 @@ class Counters:
                 "same_host": local,
             }  # fmt: skip
             split[local] += self.sent_bytes[rank] + self.received_bytes[rank]
-        wanted = set(contexts)
         ops: dict[str, dict[str, Any]] = {}
-        for (ctx, desc), (count, seconds) in list(self.ops.items()):
-            if ctx in wanted:
+        for ctx in contexts:
+            for desc, (count, seconds) in list(self.ops.get(ctx, {}).items()):
                 stat = ops.setdefault(parse(desc).op, {"count": 0, "seconds": 0.0})
                 stat["count"] += count
                 stat["seconds"] += seconds

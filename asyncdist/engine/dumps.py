@@ -32,7 +32,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from .recorder import Recorder
+from .recorder import Recorder, as_dict
 
 __all__ = ["Dumps", "TRACE_DIR_ENV", "dump_file", "install_sigusr1"]
 
@@ -76,7 +76,7 @@ class Dumps:
             "reason": reason, "wall_time": time.time(), "clock_time": recorder.clock(),
             "capacity": recorder.capacity, "recorded": recorder.recorded,
             "lost": {str(rank): why for rank, why in recorder.lost.items()},
-            "entries": [entry.to_dict() for entry in recorder.entries()],
+            "entries": [as_dict(entry) for entry in recorder.entries()],
         }  # fmt: skip
 
     def write(self, path: str | os.PathLike[str] | None = None, reason: str = "on demand") -> Path:

@@ -13,11 +13,11 @@ It must not know the names of collectives: the group layer hands it a
 description and the engine stores it. Parsing the description (op, root,
 dtype, shape, bytes) happens when a dump is read, never on the hot path.
 
-Cost: an operation takes the next :class:`Entry` of a preallocated ring and
-sets its fields (no formatting, no allocation unless the entry it would
-reuse is still open, then a fresh one replaces it in the ring so that its
-owner keeps a record of its own). Measured in docs/benchmarks.md ("Flight
-recorder cost").
+Cost: this runs for every operation, so a record is a plain list (an
+:data:`Entry`) made by one list display and stored in a preallocated ring
+slot; its fields are read by the index constants below (``entry[STATE]``).
+No formatting, no parsing, three clock reads per call (posted comes from the
+call's deadline). The figure is in docs/benchmarks.md ("Flight recorder cost").
 
 Loop thread only, except :meth:`Recorder.entries`, which takes a snapshot.
 """
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, List
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["Entry", "Recorder", "BUFFER_ENV", "POSTED", "STARTED", "COMPLETED", "FAILED"]
+__all__ = ["Entry", "Recorder", "BUFFER_ENV", "FIELDS", "POSTED", "STARTED", "COMPLETED", "FAILED", "as_dict"]
 
 BUFFER_ENV = "ASYNCDIST_TRACE_BUFFER"
 DEFAULT_CAPACITY = 2000
@@ -38,53 +38,29 @@ DEFAULT_CAPACITY = 2000
 POSTED, STARTED, COMPLETED, FAILED = "posted", "started", "completed", "failed"
 _OPEN = (POSTED, STARTED)
 
+#: One recorded operation: a list whose fields are at these indices.
+Entry = List[Any]
+#: The fields of an :data:`Entry`, in order, as a dump names them:
+#: serial (the rank's count of operations when it began); kind ("collective",
+#: or "p2p": a message, whose seq is 0); ctx, group, seq (engine context, the
+#: group's name, the call number); desc (the group layer's description);
+#: peers (global ranks); step (what says whom it waits on, while open);
+#: dtype, shape, nbytes (where the description does not say them); posted,
+#: started, ended (loop times); state; error; awaited (frozen by a failure).
+FIELDS = ("serial", "kind", "ctx", "group", "seq", "desc", "peers", "step", "dtype", "shape", "nbytes",
+          "posted", "started", "ended", "state", "error", "awaited")
+(SERIAL, KIND, CTX, GROUP, SEQ, DESC, PEERS, STEP, DTYPE, SHAPE, NBYTES,
+ POSTED_AT, STARTED_AT, ENDED_AT, STATE, ERROR, AWAITED) = range(len(FIELDS))  # fmt: skip
 
-class Entry:
-    """One recorded operation (fields as the dump names them).
 
-    Attributes:
-        serial: the rank's count of recorded operations when this one began.
-        kind: "collective" (a numbered call) or "p2p" (a message; seq is its tag).
-        ctx, group, seq: the engine context, the group's name and the call
-            number (for point-to-point, the tag).
-        desc: the description the group layer gave ("all_reduce(sum, float32[4])").
-        peers: the global ranks it exchanges with (a collective's members).
-        dtype, shape, nbytes: the payload, where the description does not say it.
-        state: posted, started, completed or failed; times in loop seconds.
-        step: the object that says what the operation waits on now
-            (:class:`~asyncdist.engine.progress.Step`), while it is open.
-        awaited: what it waited on when a failure froze the record.
-    """
-
-    __slots__ = (
-        "serial", "kind", "ctx", "group", "seq", "desc", "peers", "dtype", "shape", "nbytes",
-        "state", "posted", "started", "ended", "error", "step", "awaited",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self.serial = -1
-        self.kind = "collective"
-        self.ctx = self.seq = self.nbytes = 0
-        self.group = self.desc = ""
-        self.peers: tuple[int, ...] = ()
-        self.dtype: str | None = None
-        self.shape: Any = None
-        self.state = COMPLETED
-        self.posted = 0.0
-        self.started: float | None = None
-        self.ended: float | None = None
-        self.error: str | None = None
-        self.step: Any = None
-        self.awaited: Any = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The entry as a JSON-able dict (dump time)."""
-        return {
-            "serial": self.serial, "kind": self.kind, "group": self.group, "ctx": self.ctx, "seq": self.seq, "desc": self.desc,
-            "peers": list(self.peers), "dtype": self.dtype, "shape": None if self.shape is None else list(self.shape),
-            "nbytes": self.nbytes, "state": self.state, "posted": self.posted, "started": self.started,
-            "ended": self.ended, "error": self.error, "awaited": self.awaited,
-        }  # fmt: skip
+def as_dict(entry: Entry) -> dict[str, Any]:
+    """An entry as a JSON-able dict (dump time; the step, a live object, is left out)."""
+    record = dict(zip(FIELDS, entry))
+    del record["step"]
+    record["peers"] = list(record["peers"])
+    if record["shape"] is not None:
+        record["shape"] = list(record["shape"])
+    return record
 
 
 def capacity_from_env(environ: Any = os.environ) -> int:
@@ -107,95 +83,84 @@ class Recorder:
     Args:
         rank: this rank (global).
         capacity: operations kept; 0 records nothing (:meth:`open` returns None).
+        ops: where ended operations are counted (:class:`~asyncdist.engine.counters.Counters`' ``ops``).
     """
 
     __slots__ = ("rank", "capacity", "_ring", "_count", "clock", "lost", "ops")
 
-    def __init__(self, rank: int, capacity: int, ops: dict[tuple[int, str], list] | None = None) -> None:
+    def __init__(self, rank: int, capacity: int, ops: dict[int, dict[str, list]] | None = None) -> None:
         self.rank = rank
-        #: (context, description) -> [count, seconds] of the operations that ended
-        #: (:class:`~asyncdist.engine.counters.Counters`' ``ops``)
-        self.ops = {} if ops is None else ops
         self.capacity = capacity
-        self._ring = [Entry() for _ in range(capacity)]
+        self._ring: list[Entry | None] = [None] * capacity
         self._count = 0  # operations recorded so far
         #: the clock of every time in the record (the loop's: time.monotonic)
         self.clock = time.monotonic
         #: peers lost, global rank -> why (as the engine learned it)
         self.lost: dict[int, str] = {}
+        #: context -> description -> [count, seconds] of the operations that ended
+        self.ops = {} if ops is None else ops
 
     def open(
         self, kind: str, ctx: int, group: str, seq: int, desc: str, peers: tuple[int, ...], step: Any,
-        posted: float | None = None, started: float | None = None, dtype: str | None = None, shape: Any = None, nbytes: int = -1,
+        posted: float, started: float | None = None, nbytes: int = -1,
     ) -> Entry | None:  # fmt: skip
         """Record an operation that begins; None when the recorder is off (loop thread).
 
         Args:
-            posted, started: loop times (``posted`` None: now; ``started``
-                None: not started yet).
+            posted, started: loop times (``started`` None: not started yet).
         """
         capacity = self.capacity
         if not capacity:
             return None
-        index = self._count % capacity
-        entry = self._ring[index]
-        if entry.state is POSTED or entry.state is STARTED:  # its owner still runs: leave it that record
-            entry = self._ring[index] = Entry()
-        entry.serial = self._count
-        self._count += 1
-        entry.kind, entry.ctx, entry.group, entry.seq, entry.desc, entry.peers, entry.step = kind, ctx, group, seq, desc, peers, step
-        entry.dtype, entry.shape, entry.nbytes = dtype, shape, nbytes
-        entry.posted, entry.started, entry.ended = self.clock() if posted is None else posted, started, None
-        entry.state = POSTED if started is None else STARTED
-        entry.error = entry.awaited = None
+        count = self._count
+        self._count = count + 1
+        entry = [count, kind, ctx, group, seq, desc, peers, step, None, None, nbytes,
+                 posted, started, None, POSTED if started is None else STARTED, None, None]  # fmt: skip
+        self._ring[count % capacity] = entry
         return entry
-
-    def start(self, entry: Entry) -> None:
-        """Mark ``entry`` started: its messages flow (loop thread)."""
-        entry.started = self.clock()
-        entry.state = STARTED
 
     def close(self, entry: Entry, error: BaseException | None = None) -> None:
         """Mark ``entry`` completed, or failed with ``error``, and count it (loop thread)."""
-        entry.ended = ended = self.clock()
-        entry.step = None
-        key = (entry.ctx, entry.desc)
-        stat = self.ops.get(key)
+        entry[ENDED_AT] = ended = self.clock()
+        entry[STEP] = None
+        per_context = self.ops.get(entry[CTX])
+        if per_context is None:
+            per_context = self.ops[entry[CTX]] = {}
+        stat = per_context.get(entry[DESC])
         if stat is None:
-            stat = self.ops[key] = [0, 0.0]
+            stat = per_context[entry[DESC]] = [0, 0.0]
         stat[0] += 1
-        stat[1] += ended - entry.posted
+        stat[1] += ended - entry[POSTED_AT]
         if error is None:
-            entry.state = COMPLETED
+            entry[STATE] = COMPLETED
         else:
-            entry.state = FAILED
-            entry.error = f"{type(error).__name__}: {error}"
+            entry[STATE] = FAILED
+            entry[ERROR] = f"{type(error).__name__}: {error}"
 
     def freeze(self) -> None:
         """A failure happens now: note what each open operation waits on, before
         the failure withdraws it (failure path only)."""
         for entry in self.entries():
-            step = entry.step
-            if step is not None and entry.state in _OPEN:
+            step = entry[STEP]
+            if step is not None and entry[STATE] in _OPEN:
                 awaited = step.awaited()
                 members = awaited.members
-                glob = (lambda r: members[r]) if members else (lambda r: r)
-                entry.awaited = {
-                    "receiving": [glob(r) for r in awaited.receiving],
-                    "sending": [glob(r) for r in awaited.sending],
+                entry[AWAITED] = {
+                    "receiving": [members[r] if members else r for r in awaited.receiving],
+                    "sending": [members[r] if members else r for r in awaited.sending],
                 }
 
     def has_open(self) -> bool:
         """Whether an operation kept in the ring has not ended (off the hot path)."""
-        return any(entry.state in _OPEN for entry in self.entries())
+        return any(entry[STATE] in _OPEN for entry in self.entries())
 
     def entries(self) -> list[Entry]:
         """The recorded operations, oldest first (any thread: a snapshot)."""
         count, ring = self._count, list(self._ring)
-        if count <= len(ring):
-            return ring[:count]
-        start = count % len(ring)
-        return ring[start:] + ring[:start]
+        if count > len(ring):
+            start = count % len(ring)
+            ring = ring[start:] + ring[:start]
+        return [entry for entry in ring if entry is not None]
 
     @property
     def recorded(self) -> int:
@@ -206,10 +171,10 @@ class Recorder:
         """This rank's latest operation of context ``ctx`` (or, if none is kept,
         its latest of any), as a hang query's answer; None if nothing is recorded."""
         entries = self.entries()
-        chosen = next((e for e in reversed(entries) if e.ctx == ctx), None) or (entries[-1] if entries else None)
+        chosen = next((e for e in reversed(entries) if e[CTX] == ctx), None) or (entries[-1] if entries else None)
         if chosen is None:
             return None
-        now = self.clock()
-        answer = {k: v for k, v in chosen.to_dict().items() if k in ("kind", "group", "ctx", "seq", "desc", "state")}
-        answer["for"] = round(now - (chosen.ended if chosen.ended is not None else chosen.posted), 3)
+        since = chosen[ENDED_AT] if chosen[ENDED_AT] is not None else chosen[POSTED_AT]
+        answer = {k: v for k, v in as_dict(chosen).items() if k in ("kind", "group", "ctx", "seq", "desc", "state")}
+        answer["for"] = round(self.clock() - since, 3)
         return answer

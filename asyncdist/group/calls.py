@@ -298,8 +298,9 @@ class Calls:
         ranks = self.members.ranks
         message = Message(what, future, peers, sending=sending, members=ranks)
         recorder = self.engine.recorder
+        now = recorder.clock()
         entry = recorder.open("p2p", self.p2p_context, self.members.name, 0, what,
-                              tuple(ranks[p] for p in peers), message, started=recorder.clock(), nbytes=nbytes)
+                              tuple(ranks[p] for p in peers), message, now, now, nbytes)
         if entry is not None:
             future.add_done_callback(lambda done: recorder.close(entry, None if done.cancelled() else done.exception()))
         return message

@@ -5,22 +5,23 @@ from __future__ import annotations
 import pytest
 
 from asyncdist.engine.descriptions import Described, parse, short
-from asyncdist.engine.recorder import Recorder, capacity_from_env
+from asyncdist.engine.recorder import ERROR, SEQ, SERIAL, STATE, Recorder, capacity_from_env
 from asyncdist.engine.whereabouts import hang_warn_from_env
 from asyncdist.errors import InvalidArgumentError
 
 
-def _record(recorder: Recorder, seq: int, desc: str = "all_reduce(sum, float32[4])") -> object:
-    return recorder.open("collective", 1, "world", seq, desc, (0, 1), None, posted=float(seq))
+def _record(recorder: Recorder, seq: int, desc: str = "all_reduce(sum, float32[4])") -> list:
+    entry = recorder.open("collective", 1, "world", seq, desc, (0, 1), None, recorder.clock())
+    assert entry is not None
+    return entry
 
 
 def test_the_ring_wraps_and_keeps_the_newest_n() -> None:
     recorder = Recorder(rank=0, capacity=5)
     for seq in range(12):
-        entry = _record(recorder, seq)
-        recorder.close(entry)  # type: ignore[arg-type]
-    assert [e.seq for e in recorder.entries()] == [7, 8, 9, 10, 11]
-    assert [e.serial for e in recorder.entries()] == [7, 8, 9, 10, 11]
+        recorder.close(_record(recorder, seq))
+    assert [e[SEQ] for e in recorder.entries()] == [7, 8, 9, 10, 11]
+    assert [e[SERIAL] for e in recorder.entries()] == [7, 8, 9, 10, 11]
     assert recorder.recorded == 12
 
 
@@ -28,33 +29,34 @@ def test_an_open_operation_keeps_its_record_when_the_ring_wraps_over_it() -> Non
     recorder = Recorder(rank=0, capacity=2)
     first = _record(recorder, 1)
     for seq in (2, 3):
-        recorder.close(_record(recorder, seq))  # type: ignore[arg-type]
-    assert [e.seq for e in recorder.entries()] == [2, 3]
-    assert first is not None and (first.seq, first.state) == (1, "posted")
+        recorder.close(_record(recorder, seq))
+    assert [e[SEQ] for e in recorder.entries()] == [2, 3]
+    assert (first[SEQ], first[STATE]) == (1, "posted")
     recorder.close(first, InvalidArgumentError("bad"))
-    assert (first.state, first.error) == ("failed", "InvalidArgumentError: bad")
-    assert [e.seq for e in recorder.entries()] == [2, 3]
+    assert (first[STATE], first[ERROR]) == ("failed", "InvalidArgumentError: bad")
+    assert [e[SEQ] for e in recorder.entries()] == [2, 3]
 
 
 def test_operations_are_counted_by_description_as_they_end() -> None:
     recorder = Recorder(rank=0, capacity=3)
     for seq in range(4):
-        recorder.close(_record(recorder, seq))  # type: ignore[arg-type]
-    (count, seconds), = recorder.ops.values()
+        recorder.close(_record(recorder, seq))
+    assert list(recorder.ops) == [1]
+    (count, seconds), = recorder.ops[1].values()
     assert count == 4 and seconds > 0
 
 
 def test_capacity_zero_records_nothing() -> None:
     recorder = Recorder(rank=0, capacity=0)
-    assert _record(recorder, 1) is None
+    assert recorder.open("collective", 1, "world", 1, "barrier", (0, 1), None, 0.0) is None
     assert recorder.entries() == [] and recorder.where(1) is None
 
 
 def test_where_answers_with_the_latest_operation_of_the_context() -> None:
     recorder = Recorder(rank=3, capacity=8)
-    recorder.close(_record(recorder, 55))  # type: ignore[arg-type]
+    recorder.close(_record(recorder, 55))
     _record(recorder, 56, "broadcast(src=1, float32[4])")
-    recorder.open("p2p", 0, "world", 0, "send to rank 1 (tag 0, group 'world')", (1,), None)
+    recorder.open("p2p", 0, "world", 0, "send to rank 1 (tag 0, group 'world')", (1,), None, recorder.clock())
     answer = recorder.where(1)
     assert answer is not None
     assert (answer["seq"], answer["desc"], answer["state"]) == (56, "broadcast(src=1, float32[4])", "posted")
