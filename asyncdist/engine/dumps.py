@@ -76,6 +76,7 @@ class Dumps:
             "reason": reason, "wall_time": time.time(), "clock_time": recorder.clock(),
             "capacity": recorder.capacity, "recorded": recorder.recorded,
             "lost": {str(rank): why for rank, why in recorder.lost.items()},
+            "heard": {str(rank): answer for rank, answer in recorder.heard.items()},
             "entries": [as_dict(entry) for entry in recorder.entries()],
         }  # fmt: skip
 
@@ -116,7 +117,10 @@ class Dumps:
     def _rewrite(self) -> None:
         reasons, self._reasons = self._reasons, []
         if len(reasons) > 1:
-            self._write_logged("; ".join(dict.fromkeys(reasons)))
+            try:
+                self.write(reason="; ".join(dict.fromkeys(reasons)))
+            except OSError:
+                pass  # the first write of this turn was logged
 
     def _on_signal(self) -> None:
         self.recorder.freeze()

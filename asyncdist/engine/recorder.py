@@ -86,7 +86,7 @@ class Recorder:
         ops: where ended operations are counted (:class:`~asyncdist.engine.counters.Counters`' ``ops``).
     """
 
-    __slots__ = ("rank", "capacity", "_ring", "_count", "clock", "lost", "ops")
+    __slots__ = ("rank", "capacity", "_ring", "_count", "clock", "lost", "heard", "ops")
 
     def __init__(self, rank: int, capacity: int, ops: dict[int, dict[str, list]] | None = None) -> None:
         self.rank = rank
@@ -97,6 +97,8 @@ class Recorder:
         self.clock = time.monotonic
         #: peers lost, global rank -> why (as the engine learned it)
         self.lost: dict[int, str] = {}
+        #: what each peer last answered a hang question (global rank -> its answer, with "asked" in loop time)
+        self.heard: dict[int, dict[str, Any]] = {}
         #: context -> description -> [count, seconds] of the operations that ended
         self.ops = {} if ops is None else ops
 

@@ -146,9 +146,11 @@ class Whereabouts:
             return  # too late: the warning has been logged
         waiting, answers, future = question
         try:
-            answers[rank] = json.loads(header.op)
+            answers[rank] = answer = json.loads(header.op)
         except ValueError:
-            answers[rank] = None
+            answers[rank] = answer = None
+        if isinstance(answer, dict):  # kept for the dump: the analyzer's word on a rank that leaves none
+            self._recorder.heard[rank] = {**answer, "asked": self._recorder.clock()}
         waiting.discard(rank)
         if not waiting and not future.done():
             future.set_result(None)

@@ -138,6 +138,16 @@ def _mismatches(trace: Trace) -> list[Finding]:
     return findings
 
 
+def _heard(trace: Trace, group: str) -> dict[int, dict[str, Any]]:
+    """What ranks that left no dump answered the survivors' hang questions about ``group``."""
+    heard: dict[int, dict[str, Any]] = {}
+    for dump in trace.dumps.values():
+        for rank, answer in dump.data.get("heard", {}).items():
+            if int(rank) not in trace.dumps and answer.get("group") == group and answer.get("kind") == "collective":
+                heard[int(rank)] = {**answer, "heard_by": dump.rank}
+    return heard
+
+
 def _behind(trace: Trace) -> list[Finding]:
     findings = []
     for group, calls in sorted(_calls(trace).items()):
@@ -148,8 +158,9 @@ def _behind(trace: Trace) -> list[Finding]:
         waiting = {rank: entry for rank, entry in latest.items() if _waiting(entry)}
         if not waiting:
             continue
+        latest.update(_heard(trace, group))
         call = max(entry["seq"] for entry in waiting.values())
-        members = set(next(iter(waiting.values()))["peers"]) & set(trace.dumps)
+        members = set(next(iter(waiting.values()))["peers"]) & (set(trace.dumps) | set(latest))
         behind = sorted(rank for rank in members if rank not in latest or latest[rank]["seq"] < call)
         if not behind:
             continue
@@ -159,6 +170,8 @@ def _behind(trace: Trace) -> list[Finding]:
             mine = latest.get(rank)
             at = "has no call of it in its record" if mine is None else \
                 f"is at {_where(mine)} ({mine['desc']}, {mine['state']})"
+            if mine is not None and "heard_by" in mine:
+                at += f" as it told rank {mine['heard_by']}'s hang warning (it left no dump)"
             text = (f"rank {rank} is behind on group {group}: it {at}, while {_name(waiters)} "
                     f"wait in call #{call} ({entry['desc']})")
             findings.append(Finding("behind", text, [rank], group, call, {
