@@ -321,7 +321,7 @@ class Engine:
         """
         if not self._losses.record(rank, error, orderly=orderly):
             return
-        if not self.closed and (not orderly or self.recorder.has_open()):  # not a job's orderly end
+        if not self.closed and (not orderly or self.recorder.awaits(rank)):  # not a job's orderly end
             self.recorder.lost[rank] = str(error)
             self.dumps.on_failure(f"lost rank {rank}")
         connection = self._connections.pop(rank, None)

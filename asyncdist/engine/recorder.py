@@ -63,6 +63,14 @@ def as_dict(entry: Entry) -> dict[str, Any]:
     return record
 
 
+def _awaited(step: Any) -> tuple[list[int], list[int]]:
+    """The global ranks a step waits on now: (receiving from, sending to)."""
+    awaited = step.awaited()
+    members = awaited.members
+    return ([members[r] if members else r for r in awaited.receiving],
+            [members[r] if members else r for r in awaited.sending])
+
+
 def capacity_from_env(environ: Any = os.environ) -> int:
     """``ASYNCDIST_TRACE_BUFFER`` (operations kept; 0: the recorder is off), default 2000.
 
@@ -142,19 +150,18 @@ class Recorder:
     def freeze(self) -> None:
         """A failure happens now: note what each open operation waits on, before
         the failure withdraws it (failure path only)."""
-        for entry in self.entries():
-            step = entry[STEP]
-            if step is not None and entry[STATE] in _OPEN:
-                awaited = step.awaited()
-                members = awaited.members
-                entry[AWAITED] = {
-                    "receiving": [members[r] if members else r for r in awaited.receiving],
-                    "sending": [members[r] if members else r for r in awaited.sending],
-                }
+        for entry in self._open_entries():
+            receiving, sending = _awaited(entry[STEP])
+            entry[AWAITED] = {"receiving": receiving, "sending": sending}
 
-    def has_open(self) -> bool:
-        """Whether an operation kept in the ring has not ended (off the hot path)."""
-        return any(entry[STATE] in _OPEN for entry in self.entries())
+    def awaits(self, rank: int) -> bool:
+        """Whether an open operation waits on global rank ``rank`` now (off the hot path):
+        a peer that leaves in order while nothing here waits on it is no failure."""
+        return any(rank in receiving or rank in sending
+                   for receiving, sending in (_awaited(entry[STEP]) for entry in self._open_entries()))
+
+    def _open_entries(self) -> list[Entry]:
+        return [entry for entry in self.entries() if entry[STEP] is not None and entry[STATE] in _OPEN]
 
     def entries(self) -> list[Entry]:
         """The recorded operations, oldest first (any thread: a snapshot)."""

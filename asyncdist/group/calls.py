@@ -67,6 +67,11 @@ _RESERVED: contextvars.ContextVar[tuple[Calls, list[int]] | None] = contextvars.
 )
 
 
+def _error_of(done: asyncio.Future) -> BaseException | None:
+    """How a finished future ended, for its flight record."""
+    return asyncio.CancelledError("cancelled") if done.cancelled() else done.exception()
+
+
 class CallReservation:
     """Collective call numbers taken now, for calls whose channels open later.
 
@@ -302,7 +307,7 @@ class Calls:
         entry = recorder.open("p2p", self.p2p_context, self.members.name, 0, what,
                               tuple(ranks[p] for p in peers), message, now, now, nbytes)
         if entry is not None:
-            future.add_done_callback(lambda done: recorder.close(entry, None if done.cancelled() else done.exception()))
+            future.add_done_callback(lambda done: recorder.close(entry, _error_of(done)))
         return message
 
     def work(self, future: asyncio.Future, message: Message, outputs: list) -> Work:

@@ -69,9 +69,10 @@ class PointToPoint:
     async def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to group rank ``dst``; see ProcessGroup.send."""
         future, what, nbytes = self._start_send(tensor, dst, tag)
-        if future is None:
-            future = completed_future(asyncio.get_running_loop())
-        await self._calls.wait(future, self._calls.message(what, future, (dst,), sending=True, nbytes=nbytes))
+        sent = future or completed_future(asyncio.get_running_loop())  # recorded either way
+        message = self._calls.message(what, sent, (dst,), sending=True, nbytes=nbytes)
+        if future is not None:
+            await self._calls.wait(future, message)
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; see ProcessGroup.irecv."""
