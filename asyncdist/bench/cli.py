@@ -110,6 +110,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "asyncio's for the facade's, as asyncdist chooses by default; asyncio = the standard one for both")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the results as json to FILE, or to stdout instead of the tables if no FILE")
+    p.add_argument("--stats", action="store_true",
+                   help="print rank 0's counters per row: bytes and messages per peer, operations, time in them")
     p.add_argument("--plot", metavar="FILE.png", help="draw busbw and latency against size (needs matplotlib)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one library's whole sweep may take (default 1800)")
     return p
@@ -169,6 +171,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
         min_rep_s=s["min_rep_ms"] / 1e3,
         max_iters=s["max_iters"],
         paired=args.api == "both",
+        stats=args.stats,
     )
     return plan, sizes
 
@@ -202,6 +205,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 1
     if text_out:
         print("\n".join(report.tables(rows, series) + report.summary(rows, series)))
+        if args.stats:
+            print("\n".join(report.stats_lines(rows)))
     if args.json:
         document = json.dumps(report.to_json(command, env, plan, sizes, series, rows), indent=2)
         if args.json == "-":

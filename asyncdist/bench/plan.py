@@ -127,6 +127,8 @@ class Plan:
         paired: the facade's ranks also time each small job through the await
             API, on the facade's own loop, one repetition after each of the
             facade's: the facade's overhead is the difference of the pair.
+        stats: asyncdist's ranks read their counters (``group.stats()``) over
+            each job's timed repetitions (``--stats``).
     """
 
     world_size: int
@@ -139,6 +141,7 @@ class Plan:
     min_rep_s: float = 0.020
     max_iters: int = 1000
     paired: bool = False
+    stats: bool = False
 
     def choose_iters(self, seconds_per_call: float) -> int:
         """Calls per repetition for a job whose calls take ``seconds_per_call``
