@@ -176,9 +176,10 @@ class Recorder:
         """How many operations were recorded in all (the ring keeps the last ``capacity``)."""
         return self._count
 
-    def where(self, ctx: int) -> dict[str, Any] | None:
-        """This rank's latest operation of context ``ctx`` (or, if none is kept,
-        its latest of any), as a hang query's answer; None if nothing is recorded."""
+    def where(self, ctx: int | None) -> dict[str, Any] | None:
+        """This rank's latest operation of context ``ctx`` (or, if none is kept or
+        ``ctx`` is None, its latest of any), as a hang query's answer; None if
+        nothing is recorded."""
         entries = self.entries()
         chosen = next((e for e in reversed(entries) if e[CTX] == ctx), None) or (entries[-1] if entries else None)
         if chosen is None:

@@ -94,7 +94,7 @@ class Whereabouts:
         self._reports: set[asyncio.Task] = set()
 
     def warn(self, ctx: int, seq: int, desc: str, group: str, members: list[int], awaited: list[int],
-             since: float) -> None:  # fmt: skip
+             since: float, kind: str = "collective") -> None:  # fmt: skip
         """Ask the call's other ``members`` where they are; log one warning once they answered.
 
         The warning names the members that are not in this call (behind, or in
@@ -104,19 +104,22 @@ class Whereabouts:
         Args:
             ctx, seq, desc, group: the waiting call.
             since: when it began (loop time).
+            kind: "collective", or "p2p" for a message (named by its
+                description; its peers answer with their latest operation of
+                any context: the question's ``seq`` is 1).
         """
         waited = self._recorder.clock() - since
-        report = self._report(ctx, seq, short(desc, seq, group), members, awaited, waited)
+        report = self._report(ctx, seq, short(desc, seq, group, kind), members, awaited, waited, kind != "collective")
         task = asyncio.ensure_future(report)
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
 
     async def _report(self, ctx: int, seq: int, what: str, members: list[int], awaited: list[int],
-                      waited: float) -> None:  # fmt: skip
+                      waited: float, any_context: bool) -> None:  # fmt: skip
         qid = self._next = self._next + 1
         future = asyncio.get_running_loop().create_future()
         answers: dict[int, Any] = {}
-        waiting = {p for p in members if self._send(p, Header(Kind.WHERE, ctx, self._rank, qid, 0, "uint8", (), 0))}
+        waiting = {p for p in members if self._send(p, Header(Kind.WHERE, ctx, self._rank, qid, int(any_context), "uint8", (), 0))}
         self._questions[qid] = (waiting, answers, future)
         try:
             if waiting:
@@ -136,7 +139,7 @@ class Whereabouts:
 
     def question(self, rank: int, header: Header) -> None:
         """A peer asks where this rank is in context ``header.ctx``: answer it."""
-        answer = json.dumps(self._recorder.where(header.ctx))
+        answer = json.dumps(self._recorder.where(None if header.seq else header.ctx))
         self._send(rank, Header(Kind.HERE, header.ctx, self._rank, header.tag, 0, "uint8", (), 0, answer))
 
     def answer(self, rank: int, header: Header) -> None:

@@ -321,7 +321,24 @@ class Calls:
             OperationTimeoutError: the timeout passed (``withdraw`` ran first).
         """
         deadline = asyncio.get_running_loop().time() + self.timeout
-        return await wait_until(future, deadline, self._timeout_error(message), withdraw)
+        return await wait_until(future, deadline, self._timeout_error(message), withdraw, self._hang_warning(message))
+
+    def _hang_warning(self, message: Message) -> tuple[float, Callable[[], None]] | None:
+        """A blocking message's hang warning (see :meth:`Channel._hang`): after
+        ``ASYNCDIST_HANG_WARN`` s, ask its peer(s) where they are."""
+        engine = self.engine
+        if not engine.hang_warn:
+            return None
+        since = engine.recorder.clock()
+
+        def ask() -> None:
+            awaited = message.awaited()
+            peers = [self.members.ranks[p] for p in awaited.receiving or awaited.sending]
+            if peers:
+                engine.whereabouts.warn(self.p2p_context, 0, message.where, self.members.name, peers, peers, since,
+                                        kind="p2p")
+
+        return since + engine.hang_warn, ask
 
     def arm_timeout(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> None:
         """Fail ``future`` (a Work's) if it is not done within the group's timeout."""

@@ -75,7 +75,7 @@ class Kind(IntEnum):
     PING = 4  # heartbeat on an idle stream: nothing to deliver, proves the peer is alive
     REMOTE = 5  # a DATA message whose payload the receiver reads from the sender's memory at ``addr``
     DONE = 6  # the receiver has read the oldest REMOTE payload of this stream; the sender may reuse it
-    WHERE = 9  # a waiting rank asks where the receiver is in context ``ctx`` (question id in ``tag``)
+    WHERE = 9  # a waiting rank asks where the receiver is in context ``ctx`` (question id in ``tag``; seq 1: any context)
     HERE = 10  # the answer to WHERE ``tag``: the latest recorded operation, as JSON in ``op``
 
 

@@ -96,3 +96,17 @@ async def test_ranks_that_disagree_dump_by_themselves_and_analyze_names_both_ops
     assert mismatch.details["differ"] == ["op", "root", "reduction"]
     assert "ranks [0, 1] entered all_reduce(sum, float32[4]); rank 2 entered broadcast(src=0, float32[4])" \
         in mismatch.text
+
+
+async def test_a_blocking_recv_that_waits_names_its_peer_and_where_it_is(hang_warnings: _Warnings) -> None:
+    hang_warnings.count = 1
+    async with local_world(2) as ranks:
+        out = np.zeros(3)
+        receiving = asyncio.ensure_future(ranks[1].recv(out, src=0, tag=4))
+        await asyncio.wait_for(hang_warnings.enough.wait(), 30)
+        await ranks[0].send(np.arange(3.0), dst=1, tag=4)
+        assert await receiving == 0
+    np.testing.assert_array_equal(out, np.arange(3.0))
+    line, = hang_warnings.lines
+    assert line.startswith("rank 1: recv from rank 0 (tag 4, group 'local2') has waited "), line
+    assert "for rank 0, which is at barrier #0 on group local2 (completed " in line, line
