@@ -119,7 +119,8 @@ class Whereabouts:
         qid = self._next = self._next + 1
         future = asyncio.get_running_loop().create_future()
         answers: dict[int, Any] = {}
-        waiting = {p for p in members if self._send(p, Header(Kind.WHERE, ctx, self._rank, qid, int(any_context), "uint8", (), 0))}
+        question = Header(Kind.WHERE, ctx, self._rank, qid, int(any_context), "uint8", (), 0)
+        waiting = {peer for peer in members if self._send(peer, question)}
         self._questions[qid] = (waiting, answers, future)
         try:
             if waiting:
