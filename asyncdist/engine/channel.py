@@ -140,7 +140,8 @@ class Channel:
         self._sending: dict[asyncio.Future, int] = {}
         self._entry: Entry | None = None  # its flight record, once recorded
         # When a wait of this call warns that it hangs (None: never, or done).
-        self._warn_at = self.deadline - timeout + engine.hang_warn if engine.hang_warn else None
+        hang_warn = engine.flight.hang_warn
+        self._warn_at = self.deadline - timeout + hang_warn if hang_warn else None
         register(self)  # with the Work this call runs for, if any
 
     @property
@@ -161,13 +162,13 @@ class Channel:
 
     def _timeout_error(self) -> Exception:
         """The call's deadline passed: name it and every peer it still waits on."""
-        self._engine.dumps.on_failure(f"operation timeout in {self.where}")
+        self._engine.flight.dumps.on_failure(f"operation timeout in {self.where}")
         return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self._timeout, self.awaited()))
 
     def record(self) -> None:
         """Enter the call in the engine's flight recorder (the group layer does,
         for each call it numbers; a channel made only to fail a call is not)."""
-        recorder = self._engine.recorder
+        recorder = self._engine.flight.recorder
         self._entry = recorder.open(
             "collective", self._ctx, self._group_name, self.seq, self.op, self._ranks, self,
             self.deadline - self._timeout,
@@ -186,7 +187,7 @@ class Channel:
         awaited = self.awaited()
         peers = [self._ranks[p] for p in awaited.receiving or awaited.sending]
         members = [rank for rank in self._ranks if rank != engine.rank]
-        engine.whereabouts.warn(self._ctx, self.seq, self.op, self._group_name, members, peers,
+        engine.flight.whereabouts.warn(self._ctx, self.seq, self.op, self._group_name, members, peers,
                                 self.deadline - self._timeout)  # fmt: skip
 
     def by_memory(self, peer: int, *, sending: bool) -> bool:
@@ -246,7 +247,7 @@ class Channel:
         """
         entry = self._entry
         if entry is not None:  # started: its messages flow
-            entry[STARTED_AT] = self._engine.recorder.clock()
+            entry[STARTED_AT] = self._engine.flight.recorder.clock()
             entry[STATE] = STARTED
         try:
             result = await algorithm
@@ -275,7 +276,7 @@ class Channel:
         entry = self._entry
         if entry is None or entry[ENDED_AT] is not None:
             return
-        recorder = self._engine.recorder
+        recorder = self._engine.flight.recorder
         recorder.close(entry, error)
         if error is None:
             return
@@ -283,7 +284,7 @@ class Channel:
         if why is not None:  # also when another rank found it and told this one (an ABORT)
             if isinstance(error, PeerLostError):
                 recorder.lost.setdefault(error.rank, str(error))
-            self._engine.dumps.on_failure(f"{why} in {self.where}")
+            self._engine.flight.dumps.on_failure(f"{why} in {self.where}")
 
     def fail(self, error: AsyncDistError, *, relay: bool = True) -> None:
         """Mark the call failed on this rank: its receives fail, its late

@@ -37,6 +37,11 @@ class Counters:
         self.received_messages = [0] * world_size
         self.ops: dict[int, dict[str, list]] = {}
 
+    def sent(self, rank: int, nbytes: int) -> None:
+        """Count one message of ``nbytes`` payload bytes sent to ``rank``."""
+        self.sent_bytes[rank] += nbytes
+        self.sent_messages[rank] += 1
+
     def reset(self) -> None:
         """Start counting from zero."""
         for counts in (self.sent_bytes, self.sent_messages, self.received_bytes, self.received_messages):

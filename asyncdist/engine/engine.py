@@ -25,16 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import socket
 from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
-from .counters import Counters
-from .dumps import Dumps
-from .recorder import Recorder, capacity_from_env
-from .whereabouts import Whereabouts, hang_warn_from_env
+from .flight import Flight
 from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
 from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
@@ -110,19 +106,13 @@ class Engine:
         #: the BYE frame's tag so that they word the loss by its cause.
         self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
-        #: the flight recorder, its dumps, and the hang warnings' questions to peers
-        self.counters = Counters(me.world_size)
-        self.recorder = Recorder(me.rank, capacity_from_env(), self.counters.ops)
-        self.dumps = Dumps(self.recorder, me.world_size, me.job_id)
-        #: seconds a collective call waits before asking its peers where they are (0: never)
-        self.hang_warn = hang_warn_from_env(os.environ)
-        self.whereabouts = Whereabouts(me.rank, self.recorder, self._connections)
+        self.flight = Flight(me, self._connections)  #: recorder, dumps, counters, hang questions
 
     # -- setup -------------------------------------------------------------
 
     async def listen(self, host: str) -> tuple[str, int]:
         """Listen on an ephemeral port of ``host``; return (host, port) to publish."""
-        self._loop = self.dumps.loop = asyncio.get_running_loop()
+        self._loop = self.flight.dumps.loop = asyncio.get_running_loop()
         self._all_connected = self._loop.create_future()
         self.address = await self._mesh.listen(host)
         self._heartbeat.start()
@@ -149,7 +139,7 @@ class Engine:
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
         assert self._loop is not None and self._all_connected is not None, "listen() first"
-        inbox = PeerInbox(self._mailbox, peer, self._control_frame, self.counters)
+        inbox = PeerInbox(self._mailbox, peer, self._control_frame, self.flight.counters)
         decoder = FrameDecoder(inbox, max_payload=self._max_payload)
         self._inboxes[peer] = inbox
         self._connections[peer] = inbox.connection = Connection(
@@ -189,9 +179,7 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
-        counters = self.counters
-        counters.sent_bytes[dst] += header.nbytes
-        counters.sent_messages[dst] += 1
+        self.flight.counters.sent(dst, header.nbytes)
         return connection.send_message(header, payload)
 
     def post_recv(
@@ -302,10 +290,8 @@ class Engine:
             connection = self._connections.get(rank)
             if connection is not None:  # else: it came after the peer's BYE, in the same read
                 connection.remote_done()
-        elif header.kind == Kind.WHERE:
-            self.whereabouts.question(rank, header)
-        elif header.kind == Kind.HERE:
-            self.whereabouts.answer(rank, header)
+        elif header.kind in (Kind.WHERE, Kind.HERE):
+            self.flight.control(rank, header)
 
     # -- failures --------------------------------------------------------------
 
@@ -321,9 +307,7 @@ class Engine:
         """
         if not self._losses.record(rank, error, orderly=orderly):
             return
-        if not self.closed and (not orderly or self.recorder.awaits(rank)):  # not a job's orderly end
-            self.recorder.lost[rank] = str(error)
-            self.dumps.on_failure(f"lost rank {rank}")
+        self.flight.peer_lost(rank, error, orderly=orderly, closing=self.closed)
         connection = self._connections.pop(rank, None)
         if connection is not None:
             connection.close(error)
@@ -382,7 +366,7 @@ class Engine:
             except asyncio.TimeoutError:
                 log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
         await self._linger()
-        await self.whereabouts.close()
+        await self.flight.close()
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
         await self._mesh.close()

@@ -302,7 +302,7 @@ class Calls:
         name it; entered in the flight recorder until ``future`` is done."""
         ranks = self.members.ranks
         message = Message(what, future, peers, sending=sending, members=ranks)
-        recorder = self.engine.recorder
+        recorder = self.engine.flight.recorder
         now = recorder.clock()
         entry = recorder.open("p2p", self.p2p_context, self.members.name, 0, what,
                               tuple(ranks[p] for p in peers), message, now, now, nbytes)
@@ -327,18 +327,18 @@ class Calls:
         """A blocking message's hang warning (see :meth:`Channel._hang`): after
         ``ASYNCDIST_HANG_WARN`` s, ask its peer(s) where they are."""
         engine = self.engine
-        if not engine.hang_warn:
+        if not engine.flight.hang_warn:
             return None
-        since = engine.recorder.clock()
+        since = engine.flight.recorder.clock()
 
         def ask() -> None:
             awaited = message.awaited()
             peers = [self.members.ranks[p] for p in awaited.receiving or awaited.sending]
             if peers:
-                engine.whereabouts.warn(self.p2p_context, 0, message.where, self.members.name, peers, peers, since,
-                                        kind="p2p")
+                engine.flight.whereabouts.warn(self.p2p_context, 0, message.where, self.members.name, peers, peers,
+                                               since, kind="p2p")
 
-        return since + engine.hang_warn, ask
+        return since + engine.flight.hang_warn, ask
 
     def arm_timeout(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> None:
         """Fail ``future`` (a Work's) if it is not done within the group's timeout."""
@@ -366,7 +366,7 @@ class Calls:
         timeout, me = self.timeout, self.members.me  # as when the operation started
 
         def make() -> Exception:
-            self.engine.dumps.on_failure(f"operation timeout in {message.where}")
+            self.engine.flight.dumps.on_failure(f"operation timeout in {message.where}")
             return OperationTimeoutError(timeout_message(me, message.where, timeout, message.awaited()))
 
         return make

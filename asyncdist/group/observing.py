@@ -26,7 +26,7 @@ def dump_trace(engine: Engine, path: str | os.PathLike[str] | None = None) -> Pa
         path: a file, or a folder for ``asyncdist-trace-rank<R>.json``
             (None: ``ASYNCDIST_TRACE_DIR``, else a new temporary folder).
     """
-    return engine.dumps.write(path)
+    return engine.flight.dumps.write(path)
 
 
 def stats(calls: Calls, *, reset: bool = False) -> dict[str, Any]:
@@ -35,9 +35,9 @@ def stats(calls: Calls, *, reset: bool = False) -> dict[str, Any]:
     engine = calls.engine
     peers = [rank for rank in calls.members.ranks if rank != engine.rank]
     contexts = (calls.p2p_context, calls.collective_context)
-    snapshot = engine.counters.snapshot(
+    snapshot = engine.flight.counters.snapshot(
         peers, contexts, lambda rank: engine.by_memory(rank, sending=False) or engine.by_memory(rank, sending=True)
     )
     if reset:
-        engine.counters.reset()
+        engine.flight.counters.reset()
     return snapshot
