@@ -74,7 +74,7 @@ from .facade.reductions import (
     reduce_scatter_tensor,
     supports_complex,
 )
-from .facade.debugging import breakpoint, record_comm
+from .facade.debugging import breakpoint, dump_trace, get_stats, record_comm
 from .facade.torch_names import (
     AllreduceCoalescedOptions,
     AllreduceOptions,
@@ -183,6 +183,8 @@ __all__ = [
     "supports_complex",
     "breakpoint",
     "record_comm",
+    "dump_trace",
+    "get_stats",
     # torch.distributed's errors (subclasses of torch's once torch is imported)
     "DistError",
     "DistBackendError",

@@ -150,6 +150,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--scale", type=_ranks, metavar="N,N,..",
                    help="instead of the sweep: messages and bytes per rank and time per call of all_reduce and "
                    "broadcast (of --ops) for these group sizes, as ranks in one event loop (default size 1M)")
+    p.add_argument("--stats", action="store_true",
+                   help="print rank 0's counters per row: bytes and messages per peer, operations, time in them")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one library's whole sweep may take (default 1800)")
     return p
 
@@ -214,6 +216,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
         max_iters=s["max_iters"],
         paired=args.api == "both",
         progress=sys.stderr.isatty(),
+        stats=args.stats,
     )
     return plan, sizes
 
@@ -247,6 +250,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 1
     if text_out:
         print("\n".join(report.tables(rows, series, the_floor) + report.summary(rows, series)))
+        if args.stats:
+            print("\n".join(report.stats_lines(rows)))
     if args.json:
         document = json.dumps(report.to_json(command, env, plan, sizes, series, rows, the_floor), indent=2)
         if args.json == "-":

@@ -48,11 +48,13 @@ __all__ = ["Sample", "await_rank", "facade_rank", "torch_rank", "measure_blockin
 class Sample:
     """One rank's timings of one job: seconds per call (per iteration of a
     multi-call case), one per repetition; ``paired``, the await API's time of
-    the repetition run right after each (facade, paired plans only)."""
+    the repetition run right after each (facade, paired plans only);
+    ``stats``, the rank's counters over the timed repetitions (``--stats``)."""
 
     iters: int
     seconds: tuple[float, ...]
     paired: tuple[float, ...] = ()
+    stats: dict | None = None
 
 
 @contextlib.contextmanager
@@ -110,6 +112,9 @@ def measure_blocking(dist: Any, plan: Plan, job: Job, rank: int, paired: Callabl
     dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
     iters = _iters(plan, job, estimate)
     seconds, other = [], []
+    counters = getattr(dist, "get_stats", None) if plan.stats else None  # asyncdist's facade only
+    if counters is not None:
+        counters(reset=True)
     for _ in range(plan.reps):
         dist.barrier()
         with _gc_off():
@@ -118,7 +123,11 @@ def measure_blocking(dist: Any, plan: Plan, job: Job, rank: int, paired: Callabl
             dist.barrier()
             with _gc_off():
                 other.append(paired(iters) / iters)
-    return Sample(iters, tuple(seconds), tuple(other))
+    stats = None
+    if counters is not None:
+        stats = counters()
+        dist.barrier()  # read before any rank sends the next job's messages
+    return Sample(iters, tuple(seconds), tuple(other), stats)
 
 
 def blocking_jobs(comm: Any, plan: Plan, rank: int) -> list[Sample]:
@@ -198,11 +207,17 @@ async def _measure_await(world: Any, plan: Plan, job: Job) -> Sample:
     await world.all_reduce(estimate, ReduceOp.MAX)
     iters = _iters(plan, job, estimate)
     seconds = []
+    if plan.stats:
+        world.stats(reset=True)
     for _ in range(plan.reps):
         await world.barrier()
         with _gc_off():
             seconds.append(await _time_await(calls, iters) / iters)
-    return Sample(iters, tuple(seconds))
+    stats = None
+    if plan.stats:
+        stats = world.stats()
+        await world.barrier()  # read before any rank sends the next job's messages
+    return Sample(iters, tuple(seconds), stats=stats)
 
 
 async def _await_main(plan: Plan) -> list[Sample]:

@@ -136,6 +136,8 @@ class Plan:
             facade's: the facade's overhead is the difference of the pair.
         progress: rank 0 keeps a live progress line on stderr
             (:mod:`asyncdist.bench.progress`).
+        stats: asyncdist's ranks read their counters (``group.stats()``) over
+            each job's timed repetitions (``--stats``).
     """
 
     world_size: int
@@ -149,6 +151,7 @@ class Plan:
     max_iters: int = 1000
     paired: bool = False
     progress: bool = False
+    stats: bool = False
 
     def choose_iters(self, seconds_per_call: float) -> int:
         """Calls per repetition for a job whose calls take ``seconds_per_call``

@@ -224,6 +224,28 @@ def ratios(rows: list[Row], mine: Series, ref: Series) -> dict[str, float]:
     return result
 
 
+def stats_lines(rows: list[Row]) -> list[str]:
+    """``--stats``: rank 0's counters over each row's timed calls, per call."""
+    lines = ["", "# counters of rank 0 per call (group.stats() over the timed repetitions):"]
+    for row in rows:
+        stats = row.stats
+        if stats is None:
+            lines.append(f"#   {row.op} {format_bytes(row.nbytes)} ({row.series.label}): no counters (not asyncdist)")
+            continue
+        calls = max(row.iters * len(row.reps_us), 1)
+        peers = stats["peers"].values()
+        sent = sum(p["sent_bytes"] for p in peers) / calls
+        messages = sum(p["sent_messages"] for p in peers) / calls
+        received = sum(p["received_bytes"] for p in peers) / calls
+        ops = ", ".join(f"{name} x{stat['count'] / calls:g}" for name, stat in sorted(stats["ops"].items()))
+        lines.append(
+            f"#   {row.op} {format_bytes(row.nbytes)} ({row.series.label}): sent {sent:g} B in {messages:g} messages, "
+            f"received {received:g} B; ops {ops or 'none'}; in them {stats['wait_seconds'] / calls * 1e6:.1f} us; "
+            f"same host {stats['same_host_bytes'] / calls:g} B, socket {stats['socket_bytes'] / calls:g} B"
+        )
+    return lines
+
+
 def summary(rows: list[Row], series: list[Series]) -> list[str]:
     """Closing lines: the ratio per op, and the facade's overhead against its target."""
     lines = [""]

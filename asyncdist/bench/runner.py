@@ -49,6 +49,7 @@ class Row:
         overhead_us: for the facade's small rows of a paired plan, the median
             over repetitions of (facade time - await API time of the paired
             repetition), each the slowest rank's; else None.
+        stats: rank 0's counters over the timed repetitions (``--stats``), or None.
     """
 
     op: str
@@ -63,6 +64,7 @@ class Row:
     iters: int
     reps_us: tuple[float, ...]
     overhead_us: float | None = None
+    stats: dict | None = None
 
 
 def runs(series: Series, op: str) -> bool:
@@ -141,6 +143,7 @@ def combine(series: Series, plan: Plan, per_rank: list[list[Sample]]) -> list[Ro
                 iters=samples[0].iters,
                 reps_us=tuple(s * 1e6 for s in slowest),
                 overhead_us=overhead,
+                stats=samples[0].stats,
             )
         )
     return rows

@@ -26,14 +26,22 @@ from typing import Any, Awaitable, Callable, TypeVar
 from .abort import is_relayed
 from ..buffers.host import HostBuffer
 from .engine import Engine
-from ..errors import AsyncDistError, OperationCancelledError, OperationTimeoutError
+from ..errors import (
+    AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError, PeerLostError,
+)
 from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
+from .recorder import ENDED_AT, STARTED, STARTED_AT, STATE, Entry
 from ..wire.frames import Header, Kind
 
 __all__ = ["Channel", "wait_until"]
 
 T = TypeVar("T")
+
+# The failures that dump the flight recorder (ASYNCDIST_TRACE_DIR), and how the dump's reason names them.
+_DUMPED: dict[type, str] = {
+    CollectiveMismatchError: "collective mismatch", PeerLostError: "lost peer", OperationTimeoutError: "operation timeout",
+}
 
 
 async def wait_until(
@@ -41,17 +49,21 @@ async def wait_until(
     deadline: float,
     timeout_error: Callable[[], Exception],
     withdraw: Callable[[], Any] | None = None,
+    warn: tuple[float, Callable[[], Any]] | None = None,
 ) -> Any:
     """Await ``future`` until ``deadline`` (loop time).
 
     On expiry the future fails with ``timeout_error()``, made before
     anything is withdrawn so that it can report what was still pending; on
     expiry or cancellation ``withdraw`` (e.g. un-posting a receive) runs
-    before the future fails.
+    before the future fails. ``warn``: (loop time, callback) called if the
+    wait still goes on then, before the deadline (the hang warning); it
+    shares the deadline's one timer, so it costs nothing more.
     """
     if future.done():
         return future.result()
     loop = asyncio.get_running_loop()
+    handle: asyncio.TimerHandle
 
     def expire() -> None:
         if not future.done():
@@ -60,7 +72,16 @@ async def wait_until(
                 withdraw()
             future.set_exception(error)
 
-    handle = loop.call_at(deadline, expire)
+    def early() -> None:
+        nonlocal handle
+        handle = loop.call_at(deadline, expire)
+        assert warn is not None
+        warn[1]()
+
+    if warn is not None and warn[0] < deadline:
+        handle = loop.call_at(warn[0], early)
+    else:
+        handle = loop.call_at(deadline, expire)
     try:
         return await future
     except asyncio.CancelledError:
@@ -83,7 +104,7 @@ class Channel:
 
     __slots__ = (
         "_engine", "_ranks", "_members", "_ctx", "_timeout", "_group_name", "_on_close", "_receiving", "_sending",
-        "seq", "op", "deadline", "rank", "size", "closed",
+        "seq", "op", "deadline", "rank", "size", "closed", "_entry", "_warn_at",
     )
 
     def __init__(
@@ -117,6 +138,10 @@ class Channel:
         # is withdrawn, a send until its last byte is in the kernel (by group rank).
         self._receiving: dict[PostedRecv, int] = {}
         self._sending: dict[asyncio.Future, int] = {}
+        self._entry: Entry | None = None  # its flight record, once recorded
+        # When a wait of this call warns that it hangs (None: never, or done).
+        hang_warn = engine.flight.hang_warn
+        self._warn_at = self.deadline - timeout + hang_warn if hang_warn else None
         register(self)  # with the Work this call runs for, if any
 
     @property
@@ -137,7 +162,33 @@ class Channel:
 
     def _timeout_error(self) -> Exception:
         """The call's deadline passed: name it and every peer it still waits on."""
+        self._engine.flight.dumps.on_failure(f"operation timeout in {self.where}")
         return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self._timeout, self.awaited()))
+
+    def record(self) -> None:
+        """Enter the call in the engine's flight recorder (the group layer does,
+        for each call it numbers; a channel made only to fail a call is not)."""
+        recorder = self._engine.flight.recorder
+        self._entry = recorder.open(
+            "collective", self._ctx, self._group_name, self.seq, self.op, self._ranks, self,
+            self.deadline - self._timeout,
+        )
+
+    def _warning(self) -> tuple[float, Callable[[], Any]] | None:
+        """The hang warning a wait of this call arms, if any (see :func:`wait_until`)."""
+        return None if self._warn_at is None else (self._warn_at, self._hang)
+
+    def _hang(self) -> None:
+        """The call has waited ``ASYNCDIST_HANG_WARN`` s: ask the peers it waits on where they are."""
+        if self._warn_at is None or self.closed:
+            return
+        self._warn_at = None  # once per call
+        engine = self._engine
+        awaited = self.awaited()
+        peers = [self._ranks[p] for p in awaited.receiving or awaited.sending]
+        members = [rank for rank in self._ranks if rank != engine.rank]
+        engine.flight.whereabouts.warn(self._ctx, self.seq, self.op, self._group_name, members, peers,
+                                self.deadline - self._timeout)  # fmt: skip
 
     def by_memory(self, peer: int, *, sending: bool) -> bool:
         """Whether large payloads sent to (``sending``) or received from group
@@ -167,7 +218,7 @@ class Channel:
         the channel noted the peer when the send started, for timeout messages)."""
         if future is not None:
             try:
-                await wait_until(future, self.deadline, self._timeout_error)
+                await wait_until(future, self.deadline, self._timeout_error, warn=self._warning())
             finally:
                 self._sending.pop(future, None)
 
@@ -177,7 +228,9 @@ class Channel:
         an OperationTimeoutError naming every peer the call still waits on."""
         engine = self._engine
         try:
-            return await wait_until(recv.future, self.deadline, self._timeout_error, lambda: engine.cancel_recv(recv))
+            return await wait_until(
+                recv.future, self.deadline, self._timeout_error, lambda: engine.cancel_recv(recv), self._warning()
+            )
         finally:
             self._receiving.pop(recv, None)
 
@@ -192,6 +245,10 @@ class Channel:
                 members get :class:`~asyncdist.errors.OperationCancelledError`).
             AsyncDistError: the algorithm's error.
         """
+        entry = self._entry
+        if entry is not None:  # started: its messages flow
+            entry[STARTED_AT] = self._engine.flight.recorder.clock()
+            entry[STATE] = STARTED
         try:
             result = await algorithm
         except AsyncDistError as error:
@@ -209,8 +266,25 @@ class Channel:
         # ABORT, a disagreement detected on arrival): it failed all the same.
         failed = self._engine.call_error(self._ctx, self.seq)
         if failed is not None:
+            self._close_record(failed)
             raise failed
+        self._close_record(None)
         return result
+
+    def _close_record(self, error: AsyncDistError | None) -> None:
+        """End the call's flight record (completed, or failed with ``error``)."""
+        entry = self._entry
+        if entry is None or entry[ENDED_AT] is not None:
+            return
+        recorder = self._engine.flight.recorder
+        recorder.close(entry, error)
+        if error is None:
+            return
+        why = next((why for kind, why in _DUMPED.items() if isinstance(error, kind)), None)
+        if why is not None:  # also when another rank found it and told this one (an ABORT)
+            if isinstance(error, PeerLostError):
+                recorder.lost.setdefault(error.rank, str(error))
+            self._engine.flight.dumps.on_failure(f"{why} in {self.where}")
 
     def fail(self, error: AsyncDistError, *, relay: bool = True) -> None:
         """Mark the call failed on this rank: its receives fail, its late
@@ -218,6 +292,7 @@ class Channel:
         error came from another rank, the other members get an ABORT so they
         fail at once instead of waiting for their timeout."""
         engine = self._engine
+        self._close_record(error)
         engine.fail_call(self._ctx, self.seq, error)
         if relay and not is_relayed(error):
             engine.send_abort([r for r in self._ranks if r != engine.rank], self._ctx, self.seq, error)

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
 from .faults import Faults
+from .flight import Flight
 from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
 from ..rendezvous.waiting import WaitReports
@@ -96,12 +97,13 @@ class Engine:
         #: the BYE frame's tag so that they word the loss by its cause.
         self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
+        self.flight = Flight(me, self._connections)  #: recorder, dumps, counters, hang questions
 
     # -- setup -------------------------------------------------------------
 
     async def listen(self, host: str) -> tuple[str, int]:
         """Listen on an ephemeral port of ``host``; return (host, port) to publish."""
-        self._loop = asyncio.get_running_loop()
+        self._loop = self.flight.dumps.loop = asyncio.get_running_loop()
         self._all_connected = self._loop.create_future()
         self.address = await self._mesh.listen(host)
         self._heartbeat.start()
@@ -148,7 +150,7 @@ class Engine:
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
         assert self._loop is not None and self._all_connected is not None, "listen() first"
-        inbox = PeerInbox(self._mailbox, peer, self._control_frame)
+        inbox = PeerInbox(self._mailbox, peer, self._control_frame, self.flight.counters)
         decoder = FrameDecoder(inbox, max_payload=self._max_payload)
         self._inboxes[peer] = inbox
         self._connections[peer] = inbox.connection = Connection(
@@ -188,10 +190,9 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
-        if self.faults.refusing:  # an attribute test per message; the rest only after a revoke
-            refused = self.faults.send_error(header.ctx)
-            if refused is not None:
-                raise refused
+        if self.faults.refusing and (refused := self.faults.send_error(header.ctx)) is not None:
+            raise refused  # one attribute test per message; the rest only after a revoke or an exclusion
+        self.flight.counters.sent(dst, header.nbytes)
         return connection.send_message(header, payload)
 
     def post_recv(
@@ -313,15 +314,15 @@ class Engine:
                 connection.remote_done()
         elif header.kind in (Kind.REVOKE, Kind.AGREE):
             self.faults.frame(rank, header)
+        elif header.kind in (Kind.WHERE, Kind.HERE):
+            self.flight.control(rank, header)
 
     # -- failures --------------------------------------------------------------
 
     def _unreachable(self, rank: int) -> Exception:
         if self.closed:
             return ClosedError(f"rank {self.rank}: the process group is closed")
-        if self.faults.excluded is not None:
-            return self.faults.excluded
-        return self._losses.error(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
+        return self.faults.excluded or self._losses.error(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
 
     def _peer_lost(self, rank: int, error: PeerLostError, orderly: bool = False) -> None:
         """Fail everything that depends on ``rank``; called once per peer.
@@ -330,6 +331,7 @@ class Engine:
         """
         if not self._losses.record(rank, error, orderly=orderly):
             return
+        self.flight.peer_lost(rank, error, orderly=orderly, closing=self.closed)
         connection = self._connections.pop(rank, None)
         if connection is not None:
             connection.close(error)
@@ -389,6 +391,7 @@ class Engine:
             except asyncio.TimeoutError:
                 log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
         await self._linger()
+        await self.flight.close()
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
         await self._mesh.close()

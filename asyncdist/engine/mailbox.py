@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..errors import AsyncDistError, FrameTooLargeError, ProtocolError
+from .counters import Counters
 from .matching import Inbound, Matcher, PostedRecv, misfit
 from ..buffers.scratch import pool
 from ..wire.frames import Header, Kind
@@ -239,15 +240,19 @@ class PeerInbox:
         rank: the peer's rank.
         on_control: called with the peer's rank and each frame that carries
             no payload of a message (heartbeat, goodbye, abort, DONE).
+        counters: where arriving messages are counted (None: not counted).
 
     Attributes:
         connection: the connection the frames come from (set once it exists).
         current: the receive, or unexpected message, whose payload is being read.
     """
 
-    __slots__ = ("_mailbox", "rank", "_on_control", "connection", "current", "_staged")
+    __slots__ = ("_mailbox", "rank", "_on_control", "connection", "current", "_staged", "_counters")
 
-    def __init__(self, mailbox: Mailbox, rank: int, on_control: Callable[[int, Header], None]) -> None:
+    def __init__(
+        self, mailbox: Mailbox, rank: int, on_control: Callable[[int, Header], None], counters: Counters | None = None
+    ) -> None:
+        self._counters = counters  # received messages and bytes, per peer
         self._mailbox = mailbox
         self.rank = rank
         self._on_control = on_control
@@ -262,6 +267,10 @@ class PeerInbox:
         if header.kind not in _PAYLOAD_KINDS:
             self._on_control(self.rank, header)
             return
+        counters = self._counters
+        if counters is not None:
+            counters.received_bytes[self.rank] += header.nbytes
+            counters.received_messages[self.rank] += 1
         if header.kind == Kind.REMOTE:  # copied out of the sender's memory into where it is routed
             self._read_remote(header)
         target = self.current if header.nbytes or header.kind == Kind.REMOTE else self._mailbox.route(self.rank, header)

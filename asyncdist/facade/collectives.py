@@ -32,6 +32,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any, Callable, Coroutine, Sequence
 
+from .._profiling import profiled
 from ..errors import OperationTimeoutError
 from ..timeouts import as_seconds
 from .lifecycle import Group, _member_and_portal
@@ -69,14 +70,14 @@ def _submit(
     if g is None:
         return None
     if not async_op:  # one round trip to the loop thread: start, run and wait together
-        return portal.run(operation(g), what=f"{what}()")
+        return profiled(what, outputs, portal.run, operation(g), what=f"{what}()")
 
     def start() -> Work:
         # operation(g) runs on the loop thread: argument errors raise here, at once.
         # Work.start records the calls it opens, for a timed-out wait's message.
         return Work.start(lambda: operation(g), f"{what} on group {g.name!r}", list(outputs), rank=g.global_rank(g.rank))
 
-    return portal.start(start, what=f"{what}()")
+    return profiled(what, outputs, portal.start, start, what=f"{what}()")
 
 
 def broadcast(

@@ -1,4 +1,5 @@
-"""torch.distributed's debugging helpers: ``breakpoint`` and ``record_comm``.
+"""torch.distributed's debugging helpers, ``breakpoint`` and ``record_comm``, and
+asyncdist's own: ``dump_trace`` (the flight recorder) and ``get_stats`` (the counters).
 
 ``breakpoint`` stops one rank in pdb while the others wait in a barrier, as
 torch's does; the wait is bounded by ``timeout_s``, not by the group's
@@ -12,16 +13,18 @@ Thread affinity: any thread but asyncdist's loop thread.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import InvalidArgumentError
 from .collectives import barrier
-from .lifecycle import get_rank
+from .lifecycle import Group, _member_and_portal, _world, get_rank
 
-__all__ = ["breakpoint", "record_comm"]
+__all__ = ["breakpoint", "record_comm", "dump_trace", "get_stats"]
 
 _skipped: dict[int, int] = {}  # calls skipped so far, per call site (torch's _breakpoint_cache)
 
@@ -82,3 +85,37 @@ def record_comm(name: str) -> Iterator[None]:
     if not isinstance(name, str):
         raise InvalidArgumentError(f"record_comm: name must be a str, got {name!r}")
     yield
+
+
+def dump_trace(path: str | os.PathLike[str] | None = None) -> Path:
+    """Write this rank's flight recorder to a JSON file now; return its path.
+
+    ``asyncdist-trace analyze DIR`` reads a folder of every rank's dumps.
+
+    Args:
+        path: a file, or a folder to write ``asyncdist-trace-rank<R>.json``
+            into (None: ``ASYNCDIST_TRACE_DIR``, else a new temporary folder).
+
+    Example::
+
+        dist.dump_trace("/tmp/traces")   # on every rank, then: asyncdist-trace analyze /tmp/traces
+    """
+    world = _world()
+    _, portal = _member_and_portal(None)
+    return portal.call(world.dump_trace, path, what="dump_trace()")
+
+
+def get_stats(group: Group = None, reset: bool = False) -> dict[str, Any] | None:
+    """This rank's counters for ``group`` (default: the world); see ``ProcessGroup.stats``.
+
+    Returns:
+        ``{"peers": {global rank: {"sent_bytes", "sent_messages",
+        "received_bytes", "received_messages", "same_host"}}, "ops": {op:
+        {"count", "seconds"}}, "wait_seconds", "same_host_bytes",
+        "socket_bytes"}``; None if this rank is not in ``group``.
+        ``reset=True`` zeroes the counters after reading them.
+    """
+    member, portal = _member_and_portal(group)
+    if member is None:
+        return None
+    return portal.call(member.stats, reset, what="get_stats()")

@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from .backends import parse_backend
+from ..engine.dumps import install_sigusr1
 from ..errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
 from ..group.process_group import ProcessGroup
 from ..loop.exits import call_at_exit, call_on_termination
@@ -160,6 +161,7 @@ def init_process_group(
         _stop(portal)
         raise
     _runtime.portal, _runtime.world, _runtime.backend = portal, world, name
+    install_sigusr1()  # SIGUSR1 dumps the flight recorder (from the main thread; the loop's may be another)
     if _runtime.exit_hook_pid != os.getpid():
         _runtime.exit_hook_pid = os.getpid()
         call_at_exit(_close_at_exit, priority=20)  # before the loop threads stop (10)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..group.work import Work
+from .._profiling import profiled
 from .lifecycle import Group, _group, _member, _portal
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
@@ -44,7 +45,8 @@ def isend(
     g = _member(group)
     if g is None:
         return None
-    return _portal().start(g.isend, tensor, g.members.root(dst, group_dst, "dst"), tag, what="isend()")
+    peer = g.members.root(dst, group_dst, "dst")
+    return profiled("isend", (tensor,), _portal().start, g.isend, tensor, peer, tag, what="isend()")
 
 
 def irecv(
@@ -55,7 +57,8 @@ def irecv(
     g = _member(group)
     if g is None:
         return None
-    return _portal().start(g.irecv, tensor, g.members.named(src, group_src, "src"), tag, what="irecv()")
+    peer = g.members.named(src, group_src, "src")
+    return profiled("irecv", (tensor,), _portal().start, g.irecv, tensor, peer, tag, what="irecv()")
 
 
 def send(
@@ -83,7 +86,8 @@ def send(
     """
     g = _member(group)
     if g is not None:  # one round trip to the loop thread
-        _portal().run(g.send(tensor, g.members.root(dst, group_dst, "dst"), tag), what="send()")
+        profiled("send", (tensor,), _portal().run, g.send(tensor, g.members.root(dst, group_dst, "dst"), tag),
+                 what="send()")
 
 
 def recv(
@@ -114,7 +118,8 @@ def recv(
     g = _member(group)
     if g is None:
         return -1
-    sender = _portal().run(g.recv(tensor, g.members.named(src, group_src, "src"), tag), what="recv()")
+    peer = g.members.named(src, group_src, "src")
+    sender = profiled("recv", (tensor,), _portal().run, g.recv(tensor, peer, tag), what="recv()")
     return g.ranks[sender]
 
 
@@ -208,4 +213,5 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Work]:
         # One step of the loop: the NCCL path issues ops started together as one group call.
         return [start(tensor, peer, tag) for start, tensor, peer, tag in starts]
 
-    return _portal().start(start_all, what="batch_isend_irecv()")
+    tensors = [p.tensor for p in p2p_op_list]
+    return profiled("batch_isend_irecv", tensors, _portal().start, start_all, what="batch_isend_irecv()")

@@ -67,6 +67,11 @@ _RESERVED: contextvars.ContextVar[tuple[Calls, list[int]] | None] = contextvars.
 )
 
 
+def _error_of(done: asyncio.Future) -> BaseException | None:
+    """How a finished future ended, for its flight record."""
+    return asyncio.CancelledError("cancelled") if done.cancelled() else done.exception()
+
+
 class CallReservation:
     """Collective call numbers taken now, for calls whose channels open later.
 
@@ -180,6 +185,7 @@ class Calls:
         while len(self._described) > _REMEMBERED_CALLS:
             self._described.popitem(last=False)
         channel = self._channel(seq, op, on_close=self._open.discard)
+        channel.record()  # in the flight recorder, with this call's number and description
         error = self._take_late() or self._stale_error(stale) or self._disagreement(seq, op)
         if error is not None:
             channel.fail(error)  # the other members of this call learn of it now
@@ -304,9 +310,20 @@ class Calls:
 
     # -- deadlines -------------------------------------------------------------------
 
-    def message(self, what: str, future: asyncio.Future, peers: Sequence[int], *, sending: bool) -> Message:
-        """One point-to-point message in flight, as progress reports and timeouts name it."""
-        return Message(what, future, peers, sending=sending, members=self.members.ranks)
+    def message(
+        self, what: str, future: asyncio.Future, peers: Sequence[int], *, sending: bool, nbytes: int = -1
+    ) -> Message:
+        """One point-to-point message in flight, as progress reports and timeouts
+        name it; entered in the flight recorder until ``future`` is done."""
+        ranks = self.members.ranks
+        message = Message(what, future, peers, sending=sending, members=ranks)
+        recorder = self.engine.flight.recorder
+        now = recorder.clock()
+        entry = recorder.open("p2p", self.p2p_context, self.members.name, 0, what,
+                              tuple(ranks[p] for p in peers), message, now, now, nbytes)
+        if entry is not None:
+            future.add_done_callback(lambda done: recorder.close(entry, _error_of(done)))
+        return message
 
     def work(self, future: asyncio.Future, message: Message, outputs: list) -> Work:
         """A point-to-point Work, whose timed-out wait names its peer as a collective's does."""
@@ -319,7 +336,24 @@ class Calls:
             OperationTimeoutError: the timeout passed (``withdraw`` ran first).
         """
         deadline = asyncio.get_running_loop().time() + self.timeout
-        return await wait_until(future, deadline, self._timeout_error(message), withdraw)
+        return await wait_until(future, deadline, self._timeout_error(message), withdraw, self._hang_warning(message))
+
+    def _hang_warning(self, message: Message) -> tuple[float, Callable[[], None]] | None:
+        """A blocking message's hang warning (see :meth:`Channel._hang`): after
+        ``ASYNCDIST_HANG_WARN`` s, ask its peer(s) where they are."""
+        engine = self.engine
+        if not engine.flight.hang_warn:
+            return None
+        since = engine.flight.recorder.clock()
+
+        def ask() -> None:
+            awaited = message.awaited()
+            peers = [self.members.ranks[p] for p in awaited.receiving or awaited.sending]
+            if peers:
+                engine.flight.whereabouts.warn(self.p2p_context, 0, message.where, self.members.name, peers, peers,
+                                               since, kind="p2p")
+
+        return since + engine.flight.hang_warn, ask
 
     def arm_timeout(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> None:
         """Fail ``future`` (a Work's) if it is not done within the group's timeout."""
@@ -347,6 +381,7 @@ class Calls:
         timeout, me = self.timeout, self.members.me  # as when the operation started
 
         def make() -> Exception:
+            self.engine.flight.dumps.on_failure(f"operation timeout in {message.where}")
             return OperationTimeoutError(timeout_message(me, message.where, timeout, message.awaited()))
 
         return make

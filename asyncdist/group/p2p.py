@@ -59,42 +59,44 @@ class PointToPoint:
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to group rank ``dst``; see ProcessGroup.isend."""
-        future, what = self._start_send(tensor, dst, tag)
+        future, what, nbytes = self._start_send(tensor, dst, tag)
         if future is None:
             future = completed_future(asyncio.get_running_loop())
-        message = self._calls.message(what, future, (dst,), sending=True)
+        message = self._calls.message(what, future, (dst,), sending=True, nbytes=nbytes)
         self._calls.arm_timeout(future, message)
         return self._calls.work(future, message, [tensor])
 
     async def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to group rank ``dst``; see ProcessGroup.send."""
-        future, what = self._start_send(tensor, dst, tag)
+        future, what, nbytes = self._start_send(tensor, dst, tag)
+        sent = future or completed_future(asyncio.get_running_loop())  # recorded either way
+        message = self._calls.message(what, sent, (dst,), sending=True, nbytes=nbytes)
         if future is not None:
-            await self._calls.wait(future, self._calls.message(what, future, (dst,), sending=True))
+            await self._calls.wait(future, message)
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; see ProcessGroup.irecv."""
         recv, what = self._start_recv(tensor, src, tag)
         future = _chain(recv.future, lambda header: self._members.group_rank(header.src))
-        message = self._calls.message(what, future, self._members.sources(src), sending=False)
+        message = self._calls.message(what, future, self._members.sources(src), sending=False, nbytes=recv.buf.nbytes)
         self._calls.arm_timeout(future, message, lambda: self._engine.cancel_recv(recv))
         return self._calls.work(future, message, [tensor])
 
     async def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor``; see ProcessGroup.recv."""
         recv, what = self._start_recv(tensor, src, tag)
-        message = self._calls.message(what, recv.future, self._members.sources(src), sending=False)
+        message = self._calls.message(what, recv.future, self._members.sources(src), sending=False, nbytes=recv.buf.nbytes)
         header = await self._calls.wait(recv.future, message, lambda: self._engine.cancel_recv(recv))
         return self._members.group_rank(header.src)
 
-    def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[asyncio.Future | None, str]:
+    def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[asyncio.Future | None, str, int]:
         peer = self._members.peer(dst, "dst")
         check_tag(tag)
         buf = as_host_buffer(tensor)
         engine = self._engine
         header = Header(Kind.DATA, self._calls.p2p_context, engine.rank, tag, 0, buf.dtype, buf.shape, buf.nbytes)
         future = self._send_in_order(dst, lambda: engine.send(peer, header, buf.view))
-        return future, f"send to rank {dst} (tag {tag}, group {self._members.name!r})"
+        return future, f"send to rank {dst} (tag {tag}, group {self._members.name!r})", buf.nbytes
 
     def _start_recv(self, tensor: Any, src: int | None, tag: int) -> tuple[PostedRecv, str]:
         if src is None:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, Sequence, TypeVar
 
 from ..engine.channel import Channel
@@ -36,6 +38,7 @@ from .fault import FaultTolerance
 from .members import Members
 from .monitor import Monitor
 from .objects import ObjectCollectives
+from . import observing
 from .p2p import PointToPoint
 from .subgroups import Subgroups
 from .work import Work
@@ -365,6 +368,15 @@ class ProcessGroup:
         group = await self.faults.shrink(exclude=exclude, timeout=timeout)
         group._closers, self._closers = group._closers + self._closers, []
         return group
+    # -- observing ----------------------------------------------------------------------
+
+    def dump_trace(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write this rank's flight recorder (:func:`.observing.dump_trace`); return the file."""
+        return observing.dump_trace(self.engine, path)
+
+    def stats(self, reset: bool = False) -> dict[str, Any]:
+        """Bytes and messages per member, operations by kind, time in them (:func:`.observing.stats`)."""
+        return observing.stats(self.calls, reset=reset)
 
     # -- lifetime -----------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from ..timeouts import DEFAULT_TIMEOUT
 from ..timeouts import as_seconds
 from .process_group import ProcessGroup
 from .bootstrap import ABORT_LINGER_SECONDS, bootstrap, refuse, whoami
+from ..engine.dumps import install_sigusr1
 from ..errors import RendezvousError
 from ..rendezvous.init_method import resolve
 from ..rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
@@ -89,6 +90,7 @@ async def init_world(
             plan.store.close()
         raise
     world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds, first_call=0)
+    install_sigusr1()  # SIGUSR1 dumps the flight recorder (where this is the main thread)
     world.store = PrefixStore(store_prefix, plan.store)  # where NCCL unique ids travel
     if plan.owns_store:
         world.on_close(lambda: loop.run_in_executor(STORE_EXECUTOR, plan.store.close))

@@ -42,6 +42,7 @@ from .._config import JOB_ID_ENV, SECRET_ENV
 from ..rendezvous.init_method import AGENT_STORE_ENV, STORE_ADDR_ENV
 from ..rendezvous.torch_store import AGENT_STORE_KIND_ENV
 from .args import LaunchConfig, streams_of
+from .traces import TRACE_DIR_ENV, attempt_folder
 from .stores import JOIN_TIMEOUT, LaunchError, open_stores, store_kind
 
 __all__ = ["Job", "LaunchError"]
@@ -116,11 +117,16 @@ class Job:
             env[STORE_ADDR_ENV] = self.stores.store_addr
         else:  # asyncdist's store is at MASTER_PORT; never an outer job's
             env.pop(STORE_ADDR_ENV, None)
+        env.setdefault(TRACE_DIR_ENV, str(self.trace_folder(restart_count)))
         if self.secret is not None:
             env[SECRET_ENV] = self.secret
         if self.job_id is not None:
             env[JOB_ID_ENV] = self.job_id
         return env
+
+    def trace_folder(self, restart_count: int) -> Path:
+        """Where the workers of attempt ``restart_count`` write their flight-recorder dumps."""
+        return Path(self._environ.get(TRACE_DIR_ENV) or attempt_folder(self.config.log_dir, self.job_id, restart_count))
 
     def worker_argv(self, local_rank: int) -> list[str]:
         """The command line of one worker."""

@@ -37,6 +37,7 @@ import subprocess
 import sys
 from typing import BinaryIO, Callable, cast
 
+from . import traces
 from .job import Job, LaunchError
 from .workers import Console, Worker, WorkerProtocol, blame, signal_name
 from .gathering import report_gathering
@@ -273,6 +274,7 @@ async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | N
                 return 0
             if isinstance(outcome, int):
                 return 128 + outcome
+            traces.report(job.trace_folder(restart_count))
             if restart_count == last:
                 print(f"asyncdist-run: the job failed: {outcome.describe_exit()}"
                       + (f", after {last} restarts" if last else ""), file=sys.stderr, flush=True)

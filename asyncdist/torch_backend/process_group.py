@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 import torch.distributed as tdist
 
+from .._profiling import profiled
 from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
@@ -130,12 +131,16 @@ class _TorchCalls:
             work = Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
             return TorchWork(work, outputs)
 
-        return self._portal.start(start, what=f"{what}()")
+        return profiled(what, outputs, self._portal.start, start, what=f"{what}()")
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:
         """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
         group = self._group
-        return self._portal.start(lambda: TorchWork(operation(group), outputs), what=f"{what}()")
+
+        def start() -> TorchWork:
+            return TorchWork(operation(group), outputs)
+
+        return profiled(what, outputs, self._portal.start, start, what=f"{what}()")
 
     # -- collectives ------------------------------------------------------------
 

@@ -77,6 +77,8 @@ class Kind(IntEnum):
     DONE = 6  # the receiver has read the oldest REMOTE payload of this stream; the sender may reuse it
     REVOKE = 7  # the group of context ``ctx`` is revoked (flooded: each rank forwards it once); tag: who began it
     AGREE = 8  # fault-tolerant agreement of the group of ``ctx`` (tag: instance, seq: step), or an expulsion notice
+    WHERE = 9  # a waiting rank asks where the receiver is in context ``ctx`` (question id in ``tag``; seq 1: any context)
+    HERE = 10  # the answer to WHERE ``tag``: the latest recorded operation, as JSON in ``op``
 
 
 @dataclass(slots=True)

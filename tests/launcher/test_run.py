@@ -97,8 +97,10 @@ def _script(tmp_path: Path, text: str, name: str = "job.py") -> Path:
 
 
 def _run(cmd: list[str], tmp_path: Path, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
-    """Run a launcher to its end; ``env`` entries set to None are removed."""
-    merged = {name: value for name, value in {**os.environ, **(env or {})}.items() if value is not None}
+    """Run a launcher to its end; ``env`` entries set to None are removed. A failed
+    job's flight-recorder dumps go under ``tmp_path``, not the system's temporary folder."""
+    defaults = {"ASYNCDIST_TRACE_DIR": str(tmp_path / "traces")}
+    merged = {name: value for name, value in {**defaults, **os.environ, **(env or {})}.items() if value is not None}
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=JOB_TIMEOUT, env=merged)
 
 

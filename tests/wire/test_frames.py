@@ -434,7 +434,7 @@ def test_decoder_after_good_frame_then_garbage() -> None:
     stream, frames, _ = make_frames([3, 0])
     sink = RecordingSink()
     with pytest.raises(ProtocolError):
-        feed(FrameDecoder(sink), sink, [stream + raw_frame(_with(0, 9))])
+        feed(FrameDecoder(sink), sink, [stream + raw_frame(_with(0, 99))])
     check_delivery(sink, frames)
 
 

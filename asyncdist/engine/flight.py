@@ -1,0 +1,65 @@
+"""What an engine keeps to be seen from outside: the flight recorder, its dumps,
+the live counters and the hang warnings' questions to peers, in one part.
+
+The :class:`~asyncdist.engine.engine.Engine` owns one :class:`Flight` and
+hands it what only the engine sees (control frames, lost peers, its close);
+the group layer and the channels reach its parts as ``engine.flight``.
+Configuration is read once, here: ``ASYNCDIST_TRACE_BUFFER``,
+``ASYNCDIST_TRACE_DIR`` and ``ASYNCDIST_HANG_WARN``.
+
+Loop thread only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from ..errors import PeerLostError
+from ..transport.stream import Connection
+from ..wire.frames import Header, Kind
+from ..wire.handshake import Identity
+from .counters import Counters
+from .dumps import Dumps
+from .recorder import Recorder, capacity_from_env
+from .whereabouts import Whereabouts, hang_warn_from_env
+
+__all__ = ["Flight"]
+
+
+class Flight:
+    """One engine's recorder, dumps, counters and hang questions.
+
+    Args:
+        me: the engine's identity.
+        connections: the engine's live map of peer rank to connection (read only).
+
+    Attributes:
+        counters, recorder, dumps, whereabouts: the parts.
+        hang_warn: seconds a call waits before asking its peers where they are (0: never).
+    """
+
+    def __init__(self, me: Identity, connections: Mapping[int, Connection]) -> None:
+        self.counters = Counters(me.world_size)
+        self.recorder = Recorder(me.rank, capacity_from_env(), self.counters.ops)
+        self.dumps = Dumps(self.recorder, me.world_size, me.job_id)
+        self.hang_warn = hang_warn_from_env(os.environ)
+        self.whereabouts = Whereabouts(me.rank, self.recorder, connections)
+
+    def control(self, rank: int, header: Header) -> None:
+        """A WHERE or HERE frame from ``rank``."""
+        if header.kind == Kind.WHERE:
+            self.whereabouts.question(rank, header)
+        else:
+            self.whereabouts.answer(rank, header)
+
+    def peer_lost(self, rank: int, error: PeerLostError, *, orderly: bool, closing: bool) -> None:
+        """The engine lost ``rank``: a failure to dump, unless this rank is closing, or
+        the peer left in order (a goodbye) while nothing here waited on it."""
+        if not closing and (not orderly or self.recorder.awaits(rank)):
+            self.recorder.lost[rank] = str(error)
+            self.dumps.on_failure(f"lost rank {rank}")
+
+    async def close(self) -> None:
+        """Finish the hang warnings still waiting for answers."""
+        await self.whereabouts.close()

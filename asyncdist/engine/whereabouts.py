@@ -1,0 +1,179 @@
+"""Live hang diagnosis: a waiting rank asks the ranks it waits on where they are.
+
+When a collective call has waited ``ASYNCDIST_HANG_WARN`` seconds (default
+60; 0 turns it off), its channel asks each peer it still waits on, over the
+existing connection, a ``WHERE`` frame naming the call's context. The peer's
+loop answers at once with a ``HERE`` frame: its latest operation of that
+context (or, if it kept none, its latest of any) from its flight recorder,
+as JSON in the header's description field. The waiting rank then logs one
+warning that names them all::
+
+    all_reduce #57 on group world has waited 60 s for rank 3, which is at
+    broadcast #56 (root 1) on group world (waiting for 61.2 s)
+
+A peer's loop answers even while its user code is busy elsewhere (the
+facade runs the loop in its own thread), so a rank that skipped a call is
+found where it is. Nothing runs while nothing waits: the question rides on
+the deadline's timer of the waiting call (:func:`~asyncdist.engine.channel.wait_until`).
+
+Loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Mapping
+
+from .descriptions import short
+from .recorder import Recorder
+from ..errors import InvalidArgumentError, PeerLostError
+from ..transport.stream import Connection
+from ..wire.frames import Header, Kind, encode_header
+
+__all__ = ["Whereabouts", "HANG_WARN_ENV", "hang_warn_from_env"]
+
+log = logging.getLogger("asyncdist.hang")
+
+HANG_WARN_ENV = "ASYNCDIST_HANG_WARN"
+DEFAULT_HANG_WARN = 60.0
+# How long the warning waits for the peers' answers before naming those that did not answer.
+_ANSWER_SECONDS = 5.0
+
+
+def hang_warn_from_env(environ: Any) -> float:
+    """``ASYNCDIST_HANG_WARN`` in seconds (0: off), default 60.
+
+    Raises:
+        InvalidArgumentError: not a number of seconds >= 0.
+    """
+    text = environ.get(HANG_WARN_ENV, "").strip()
+    if not text:
+        return DEFAULT_HANG_WARN
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise InvalidArgumentError(f"{HANG_WARN_ENV} must be a number of seconds >= 0, got {text!r}")
+    return seconds
+
+
+def _state(answer: dict[str, Any]) -> str:
+    age = answer.get("for", 0)
+    if answer.get("state") in ("posted", "started"):
+        return f"waiting for {age:g} s"
+    return f"{answer.get('state')} {age:g} s ago"
+
+
+def _peer_clause(rank: int, answer: dict[str, Any] | None, answered: bool) -> str:
+    if not answered:
+        return f"rank {rank}, which did not answer within {_ANSWER_SECONDS:g} s"
+    if answer is None:
+        return f"rank {rank}, which has recorded no operation"
+    where = short(answer["desc"], answer["seq"], answer["group"], answer.get("kind", "collective"))
+    return f"rank {rank}, which is at {where} ({_state(answer)})"
+
+
+class Whereabouts:
+    """Questions to peers about where they are, and this rank's answers to theirs.
+
+    Args:
+        rank: this rank.
+        recorder: where this rank's answers come from.
+        connections: the engine's live map of peer rank to connection (read only).
+    """
+
+    def __init__(self, rank: int, recorder: Recorder, connections: Mapping[int, Connection]) -> None:
+        self._rank = rank
+        self._recorder = recorder
+        self._connections = connections
+        self._next = 0
+        self._questions: dict[int, tuple[set[int], dict[int, Any], asyncio.Future]] = {}
+        self._reports: set[asyncio.Task] = set()
+
+    def warn(self, ctx: int, seq: int, desc: str, group: str, members: list[int], awaited: list[int],
+             since: float, kind: str = "collective") -> None:  # fmt: skip
+        """Ask the call's other ``members`` where they are; log one warning once they answered.
+
+        The warning names the members that are not in this call (behind, or in
+        another), which is where a hang starts; if every member is in it, the
+        peers it ``awaited`` directly (global ranks both).
+
+        Args:
+            ctx, seq, desc, group: the waiting call.
+            since: when it began (loop time).
+            kind: "collective", or "p2p" for a message (named by its
+                description; its peers answer with their latest operation of
+                any context: the question's ``seq`` is 1).
+        """
+        waited = self._recorder.clock() - since
+        report = self._report(ctx, seq, short(desc, seq, group, kind), members, awaited, waited, kind != "collective")
+        task = asyncio.ensure_future(report)
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _report(self, ctx: int, seq: int, what: str, members: list[int], awaited: list[int],
+                      waited: float, any_context: bool) -> None:  # fmt: skip
+        qid = self._next = self._next + 1
+        future = asyncio.get_running_loop().create_future()
+        answers: dict[int, Any] = {}
+        question = Header(Kind.WHERE, ctx, self._rank, qid, int(any_context), "uint8", (), 0)
+        waiting = {peer for peer in members if self._send(peer, question)}
+        self._questions[qid] = (waiting, answers, future)
+        try:
+            if waiting:
+                await asyncio.wait_for(asyncio.shield(future), _ANSWER_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._questions.pop(qid, None)
+
+        def elsewhere(rank: int) -> bool:
+            answer = answers.get(rank)
+            return rank not in answers or answer is None or (answer.get("ctx"), answer.get("seq")) != (ctx, seq)
+
+        named = [rank for rank in members if elsewhere(rank)] or awaited
+        clauses = " and ".join(_peer_clause(p, answers.get(p), p in answers) for p in named)
+        log.warning("rank %d: %s has waited %.3g s for %s", self._rank, what, waited, clauses)
+
+    def question(self, rank: int, header: Header) -> None:
+        """A peer asks where this rank is in context ``header.ctx``: answer it."""
+        answer = json.dumps(self._recorder.where(None if header.seq else header.ctx))
+        self._send(rank, Header(Kind.HERE, header.ctx, self._rank, header.tag, 0, "uint8", (), 0, answer))
+
+    def answer(self, rank: int, header: Header) -> None:
+        """A peer answered question ``header.tag``."""
+        question = self._questions.get(header.tag)
+        if question is None:
+            return  # too late: the warning has been logged
+        waiting, answers, future = question
+        try:
+            answers[rank] = answer = json.loads(header.op)
+        except ValueError:
+            answers[rank] = answer = None
+        if isinstance(answer, dict):  # kept for the dump: the analyzer's word on a rank that leaves none
+            self._recorder.heard[rank] = {**answer, "asked": self._recorder.clock()}
+        waiting.discard(rank)
+        if not waiting and not future.done():
+            future.set_result(None)
+
+    def _send(self, rank: int, header: Header) -> bool:
+        """Send a frame without payload to ``rank``; False if it cannot go."""
+        connection = self._connections.get(rank)
+        if connection is None:
+            return False
+        try:
+            connection.send_frame(encode_header(header), None)
+        except PeerLostError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Log the warnings still waiting for answers with what came, and end them."""
+        for _, _, future in list(self._questions.values()):
+            if not future.done():
+                future.set_result(None)
+        if self._reports:
+            await asyncio.gather(*self._reports, return_exceptions=True)

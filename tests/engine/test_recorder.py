@@ -1,0 +1,95 @@
+"""The flight recorder's ring, its switches and the reading of descriptions (no loop, no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncdist.engine.descriptions import Described, parse, short
+from asyncdist.engine.recorder import ERROR, SEQ, SERIAL, STATE, Recorder, capacity_from_env
+from asyncdist.engine.whereabouts import hang_warn_from_env
+from asyncdist.errors import InvalidArgumentError
+
+
+def _record(recorder: Recorder, seq: int, desc: str = "all_reduce(sum, float32[4])") -> list:
+    entry = recorder.open("collective", 1, "world", seq, desc, (0, 1), None, recorder.clock())
+    assert entry is not None
+    return entry
+
+
+def test_the_ring_wraps_and_keeps_the_newest_n() -> None:
+    recorder = Recorder(rank=0, capacity=5)
+    for seq in range(12):
+        recorder.close(_record(recorder, seq))
+    assert [e[SEQ] for e in recorder.entries()] == [7, 8, 9, 10, 11]
+    assert [e[SERIAL] for e in recorder.entries()] == [7, 8, 9, 10, 11]
+    assert recorder.recorded == 12
+
+
+def test_an_open_operation_keeps_its_record_when_the_ring_wraps_over_it() -> None:
+    recorder = Recorder(rank=0, capacity=2)
+    first = _record(recorder, 1)
+    for seq in (2, 3):
+        recorder.close(_record(recorder, seq))
+    assert [e[SEQ] for e in recorder.entries()] == [2, 3]
+    assert (first[SEQ], first[STATE]) == (1, "posted")
+    recorder.close(first, InvalidArgumentError("bad"))
+    assert (first[STATE], first[ERROR]) == ("failed", "InvalidArgumentError: bad")
+    assert [e[SEQ] for e in recorder.entries()] == [2, 3]
+
+
+def test_operations_are_counted_by_description_as_they_end() -> None:
+    recorder = Recorder(rank=0, capacity=3)
+    for seq in range(4):
+        recorder.close(_record(recorder, seq))
+    assert list(recorder.ops) == [1]
+    (count, seconds), = recorder.ops[1].values()
+    assert count == 4 and seconds > 0
+
+
+def test_capacity_zero_records_nothing() -> None:
+    recorder = Recorder(rank=0, capacity=0)
+    assert recorder.open("collective", 1, "world", 1, "barrier", (0, 1), None, 0.0) is None
+    assert recorder.entries() == [] and recorder.where(1) is None
+
+
+def test_where_answers_with_the_latest_operation_of_the_context() -> None:
+    recorder = Recorder(rank=3, capacity=8)
+    recorder.close(_record(recorder, 55))
+    _record(recorder, 56, "broadcast(src=1, float32[4])")
+    recorder.open("p2p", 0, "world", 0, "send to rank 1 (tag 0, group 'world')", (1,), None, recorder.clock())
+    answer = recorder.where(1)
+    assert answer is not None
+    assert (answer["seq"], answer["desc"], answer["state"]) == (56, "broadcast(src=1, float32[4])", "posted")
+    assert short(answer["desc"], answer["seq"], answer["group"]) == "broadcast #56 (root 1) on group world"
+
+
+@pytest.mark.parametrize(("text", "expected"), [("", 2000), ("0", 0), (" 17 ", 17)])
+def test_capacity_from_the_environment(text: str, expected: int) -> None:
+    assert capacity_from_env({"ASYNCDIST_TRACE_BUFFER": text}) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "many", "1.5"])
+def test_a_bad_capacity_is_refused(text: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="ASYNCDIST_TRACE_BUFFER"):
+        capacity_from_env({"ASYNCDIST_TRACE_BUFFER": text})
+
+
+def test_hang_warn_from_the_environment() -> None:
+    assert hang_warn_from_env({}) == 60.0
+    assert hang_warn_from_env({"ASYNCDIST_HANG_WARN": "0.5"}) == 0.5
+    for bad in ("-2", "soon", "inf"):
+        with pytest.raises(InvalidArgumentError, match="ASYNCDIST_HANG_WARN"):
+            hang_warn_from_env({"ASYNCDIST_HANG_WARN": bad})
+
+
+@pytest.mark.parametrize(("desc", "expected"), [
+    ("all_reduce(sum, float32[4])", Described("all_reduce", None, "sum", "float32", (4,), 16)),
+    ("reduce(dst=2, max, int64[3, 2])", Described("reduce", 2, "max", "int64", (3, 2), 48)),
+    ("broadcast(src=1, bfloat16[8])", Described("broadcast", 1, None, "bfloat16", (8,), 16)),
+    ("reduce_scatter(sum, float64[5] per rank)", Described("reduce_scatter", None, "sum", "float64", (5,), 40)),
+    ("all_to_all(float32)", Described("all_to_all", None, None, "float32", None, None)),
+    ("barrier", Described("barrier")),
+    ("send to rank 1 (tag 7, group 'world')", Described("send")),
+])
+def test_descriptions_read_back_into_their_parts(desc: str, expected: Described) -> None:
+    assert parse(desc) == expected
