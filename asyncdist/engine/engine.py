@@ -24,6 +24,7 @@ the operation and return a future; nothing here blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import socket
@@ -96,7 +97,7 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
         self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._peer_lost)
-        self._all_connected: asyncio.Future | None = None
+        self._arrival: asyncio.Future | None = None  # set by the next connection attached
         self._next_context = 0
         self._abort_watchers: dict[int, Callable[[int, AsyncDistError], None]] = {}
         self._peers_gone: asyncio.Future | None = None  # set once closing and no connection is left
@@ -108,35 +109,59 @@ class Engine:
 
     # -- setup -------------------------------------------------------------
 
-    async def listen(self, host: str) -> tuple[str, int]:
-        """Listen on an ephemeral port of ``host``; return (host, port) to publish."""
+    async def listen(self, host: str, listener: socket.socket | None = None) -> tuple[str, int]:
+        """Listen on an ephemeral port of ``host`` (or on ``listener``, bound
+        earlier); return (host, port) to publish."""
         self._loop = asyncio.get_running_loop()
-        self._all_connected = self._loop.create_future()
-        self.address = await self._mesh.listen(host)
+        self.address = await self._mesh.listen(host, listener)
         self._heartbeat.start()
-        if self.world_size == 1:
-            self._all_connected.set_result(None)
         return self.address
 
-    async def connect(self, addresses: Mapping[int, tuple[str, int]], timeout: float) -> None:
-        """Dial every lower rank and wait until every higher rank dialed in.
+    async def connect(
+        self, addresses: Mapping[int, tuple[str, int]], timeout: float, peers: Iterable[int] | None = None
+    ) -> None:
+        """Dial the lower ranks of ``peers`` and wait until the higher ones dialed in.
+
+        Args:
+            addresses: (host, port) of each lower peer.
+            timeout: seconds for all of it.
+            peers: the ranks to connect to (None: every rank of the job).
 
         Raises:
             RendezvousError: not all peers connected within ``timeout`` seconds.
             PeerLostError, HandshakeError: a lower rank could not be reached.
         """
-        assert self._all_connected is not None, "listen() first"
-        dials = (self._mesh.dial(peer, *addresses[peer]) for peer in range(self.rank))
+        wanted = set(range(self.world_size) if peers is None else peers) - {self.rank}
+        dials = (self._mesh.dial(peer, *addresses[peer]) for peer in sorted(wanted) if peer < self.rank)
         try:
-            await asyncio.wait_for(asyncio.gather(*dials, asyncio.shield(self._all_connected)), timeout)
+            await asyncio.wait_for(asyncio.gather(*dials, self._arrived(wanted)), timeout)
         except asyncio.TimeoutError:
-            missing = sorted(set(range(self.world_size)) - set(self._connections) - {self.rank})
             raise RendezvousError(
-                f"rank {self.rank}: ranks {missing} did not connect within {timeout:g} s"
+                f"rank {self.rank}: ranks {sorted(wanted - set(self._connections))} did not connect within {timeout:g} s"
             ) from None
 
+    async def _arrived(self, peers: set[int]) -> None:
+        """Return once every one of ``peers`` is connected."""
+        assert self._loop is not None, "listen() first"
+        while not peers <= self._connections.keys():
+            self._arrival = self._loop.create_future()
+            await self._arrival
+
+    def widen(self, world_size: int, next_context: int) -> None:
+        """Admit the job-unique ids below ``world_size`` (processes that joined
+        by a grow) and take the contexts from ``next_context`` on (loop thread)."""
+        self.me = dataclasses.replace(self.me, world_size=world_size)
+        self.world_size = world_size
+        self._mesh.me = self.me
+        self._next_context = next_context
+
+    @property
+    def next_context(self) -> int:
+        """The context the next :meth:`new_context` returns."""
+        return self._next_context
+
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
-        assert self._loop is not None and self._all_connected is not None, "listen() first"
+        assert self._loop is not None, "listen() first"
         inbox = PeerInbox(self._mailbox, peer, self._control_frame)
         decoder = FrameDecoder(inbox, max_payload=self._max_payload)
         self._inboxes[peer] = inbox
@@ -150,8 +175,8 @@ class Engine:
             peer_reads_me=access.peer_reads_me,
             me=self.rank,
         )
-        if len(self._connections) == self.world_size - 1 and not self._all_connected.done():
-            self._all_connected.set_result(None)
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.set_result(None)
 
     def _wants(self, peer: int) -> bool:
         return not (peer in self._connections or peer in self._losses or self.closed)
@@ -363,6 +388,6 @@ class Engine:
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
         await self._mesh.close()
-        if self._all_connected is not None and not self._all_connected.done():
-            self._all_connected.cancel()
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.cancel()
 

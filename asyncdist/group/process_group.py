@@ -34,6 +34,7 @@ from ..gpu.device import any_device
 from .calls import CallReservation, Calls
 from .collectives import Collectives
 from .devices import Devices
+from .growth import grow
 from .members import Members
 from .monitor import Monitor
 from .objects import ObjectCollectives
@@ -329,6 +330,32 @@ class ProcessGroup:
             return None
         group, _ = self.partition(parts, timeout=timeout, name=name)
         return group
+
+    # -- fault tolerance ----------------------------------------------------------------
+
+    async def grow(self, *, timeout: timedelta | float | None = None, min_joiners: int = 0) -> ProcessGroup:
+        """Admit the processes waiting to join (``init_world(..., join=True)``);
+        return the bigger group, the same on members and newcomers.
+
+        A collective call of the members; newcomers get the next ranks (this
+        size, size + 1, ...) and ids never used in the job. With nobody
+        waiting it returns *this same group*; else the grown group owns the
+        engine and store (close it, not this one). ``timeout``: for the whole
+        grow (None: the group's); ``min_joiners``: wait until that many wait.
+        See :mod:`asyncdist.group.growth`.
+
+        Raises:
+            InvalidArgumentError: no store, or a bad argument.
+            RendezvousError: too few joiners in time, or one never connected.
+            PeerLostError: a member was lost meanwhile (shrink, then grow).
+        """
+        return await grow(self, timeout=timeout, min_joiners=min_joiners)
+
+    def pass_on(self, successor: ProcessGroup) -> None:
+        """Give ``successor`` (a grown or shrunk group) what closing this group
+        would release (the engine, the store): close the successor instead."""
+        successor._closers.extend(self._closers)
+        self._closers = []
 
     def _child(self, ranks: list[int], name: str, timeout: float) -> ProcessGroup:
         child = ProcessGroup(self.engine, ranks, name=name, timeout=timeout)

@@ -20,6 +20,7 @@ from ..timeouts import DEFAULT_TIMEOUT
 from ..timeouts import as_seconds
 from .process_group import ProcessGroup
 from .bootstrap import ABORT_LINGER_SECONDS, bootstrap, refuse, whoami
+from .joining import join as join_running
 from ..errors import RendezvousError
 from ..rendezvous.init_method import resolve
 from ..rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
@@ -38,6 +39,7 @@ async def init_world(
     group_name: str = "",
     store_prefix: str = "asyncdist",
     heartbeat: HeartbeatConfig | None = None,
+    join: bool = False,
 ) -> ProcessGroup:
     """Join the job and return its world group (loop thread; returns when all ranks joined).
 
@@ -55,6 +57,11 @@ async def init_world(
             silent peer is trusted (None: ``ASYNCDIST_HEARTBEAT_INTERVAL`` /
             ``ASYNCDIST_HEARTBEAT_TIMEOUT``, default 5 s / 30 s; see
             :mod:`asyncdist.transport.heartbeat`).
+        join: join a running job instead (its rendezvous address and secret,
+            no rank or world size): wait until its members call
+            :meth:`~asyncdist.group.process_group.ProcessGroup.grow`, and
+            return the grown group, where this process has the next rank
+            (see :mod:`asyncdist.group.joining`).
 
     Raises:
         RendezvousError: see :func:`asyncdist.rendezvous.init_method.resolve`
@@ -67,6 +74,8 @@ async def init_world(
     if heartbeat is None:  # read now: a bad setting fails before the rendezvous, not in it
         heartbeat = HeartbeatConfig.from_env()
     loop = asyncio.get_running_loop()
+    if join:  # a client of the job's store; its rank comes from the grow
+        rank, world_size = 1, 2
     plan = await loop.run_in_executor(
         STORE_EXECUTOR,
         lambda: resolve(init_method, rank=rank, world_size=world_size, store=store, timeout=seconds),
@@ -77,18 +86,24 @@ async def init_world(
         finally:
             await loop.run_in_executor(STORE_EXECUTOR, plan.store.close)
         raise plan.refused
+    ranks = range(plan.world_size)
     try:
-        engine = await bootstrap(
-            PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds,
-            heartbeat=heartbeat, where=plan.where,
-        )
+        if join:
+            engine, admission = await join_running(PrefixStore(store_prefix, plan.store), host=plan.host,
+                                                   timeout=seconds, heartbeat=heartbeat, where=plan.where)
+            ranks, group_name = admission.members, group_name or admission.name
+        else:
+            engine = await bootstrap(
+                PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds,
+                heartbeat=heartbeat, where=plan.where,
+            )
     except BaseException as exc:
         if plan.owns_store:
-            if isinstance(exc, RendezvousError) and plan.rank == 0:  # rank 0 may serve the store the others read
+            if isinstance(exc, RendezvousError) and plan.rank == 0 and not join:  # rank 0 may serve the store the others read
                 await asyncio.sleep(ABORT_LINGER_SECONDS)
             plan.store.close()
         raise
-    world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds, first_call=0)
+    world = ProcessGroup(engine, ranks, name=group_name or "world", timeout=seconds, first_call=0)
     world.store = PrefixStore(store_prefix, plan.store)  # where NCCL unique ids travel
     if plan.owns_store:
         world.on_close(lambda: loop.run_in_executor(STORE_EXECUTOR, plan.store.close))

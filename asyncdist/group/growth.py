@@ -1,0 +1,144 @@
+"""Growing a group: its members admit the processes waiting to join.
+
+``await group.grow()`` is a collective call of the group's members; the
+processes waiting in the job's store (``init_world(..., join=True)``, see
+:mod:`.joining` and :mod:`asyncdist.rendezvous.joins`) take part from
+their side. In order:
+
+1. the members agree (all-reduce, MAX) on the job's id space and on the next
+   engine context: a newcomer gets an id never used in the job, ``size``,
+   ``size + 1``, ... (ids of lost ranks are not reused), and the grown group
+   the same contexts on every process;
+2. the leader (group rank 0, the lowest live rank after a shrink) claims
+   the waiting registrations, refuses those not made with the job's secret
+   (their processes raise, saying so) and broadcasts the newcomers;
+3. nobody waiting: ``grow`` returns *this same group* (no context is used,
+   nothing else is sent: one all-reduce and one broadcast);
+4. otherwise every member widens its engine's id space (its handshake now
+   accepts the newcomers' ids), a barrier makes sure all have, the leader
+   writes each newcomer its admission (ids, addresses, contexts), the
+   newcomers dial every member (the higher id dials, as at init, with the
+   authenticated handshake), and everyone builds the grown group, members
+   first in their order, then the newcomers, and runs its call #0 (a barrier).
+
+The grown group takes over what closing this one released (the engine, the
+store): close the grown group at the end, not this one. This group stays
+usable meanwhile. The store must still be served: under ``asyncdist-run``
+the launcher serves it; with ``env://`` by hand rank 0 serves it, so rank 0
+must be alive.
+
+Loop thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..reduce.op import ReduceOp
+from ..rendezvous import joins
+from ..timeouts import as_seconds
+
+if TYPE_CHECKING:
+    from .process_group import ProcessGroup
+
+__all__ = ["Admission", "grow"]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the leader of a grow tells one newcomer (JSON in the store).
+
+    Attributes:
+        id: the newcomer's job-unique id (its global rank).
+        members: the grown group's ids, in group-rank order.
+        addresses: ``(host, port)`` of every member, by id, as text keys (JSON).
+        world_size: the job's id space after the grow.
+        context: the engine context the grown group's first context is.
+        name: the group's name.
+    """
+
+    id: int
+    members: list[int]
+    addresses: dict[str, list[Any]]
+    world_size: int
+    context: int
+    name: str
+
+    @classmethod
+    def from_json(cls, fields: dict[str, Any]) -> Admission:
+        return cls(**fields)
+
+    def peers(self) -> dict[int, tuple[str, int]]:
+        """The members' addresses, by id."""
+        return {int(k): (str(host), int(port)) for k, (host, port) in self.addresses.items()}
+
+
+async def _claim(group: ProcessGroup, first_id: int, at_least: int, deadline: float) -> list[list[Any]]:
+    """The leader's part: the newcomers as ``[id, host, port]``, refusals answered."""
+    engine, store = group.engine, group.store
+    newcomers: list[list[Any]] = []
+    refusals: dict[int, dict[str, Any]] = {}
+    for slot, registration in await joins.claim(store, at_least, deadline):
+        if registration.proven(engine.me.secret, engine.me.job_id):
+            newcomers.append([first_id + len(newcomers), registration.host, registration.port, slot])
+        else:
+            refusals[slot] = {"refused": (
+                f"rank {engine.rank} of group {group.name!r} refused {registration.who}: its registration was not "
+                "made with this job's secret (is its ASYNCDIST_SECRET not the job's?)")}
+    await joins.answer(store, refusals)
+    return newcomers
+
+
+async def _admit(group: ProcessGroup, newcomers: list[list[Any]], world_size: int, context: int) -> None:
+    """The leader's part: publish each newcomer's address and admission."""
+    store = group.store
+    for new_id, host, port, _ in newcomers:
+        await store.async_set(f"rank/{new_id}/address", f"{host}:{port}")
+    addresses: dict[str, list[Any]] = {}
+    for member in group.ranks:
+        host, _, port = (await store.async_get(f"rank/{member}/address")).decode().rpartition(":")
+        addresses[str(member)] = [host, int(port)]
+    addresses.update({str(new_id): [host, port] for new_id, host, port, _ in newcomers})
+    members = [*group.ranks, *(n[0] for n in newcomers)]
+    await joins.answer(store, {slot: {"admitted": asdict(Admission(new_id, members, addresses, world_size, context,
+                                                                   group.name))}
+                               for new_id, _, _, slot in newcomers})
+
+
+async def grow(group: ProcessGroup, *, timeout: Any = None, min_joiners: int = 0) -> ProcessGroup:
+    """Admit the processes waiting to join; see :meth:`ProcessGroup.grow`."""
+    group.members.check_member()
+    if group.store is None:
+        raise InvalidArgumentError(f"grow: group {group.name!r} has no store to find joining processes in")
+    if type(min_joiners) is not int or min_joiners < 0:
+        raise InvalidArgumentError(f"grow: min_joiners must be a non-negative int, got {min_joiners!r}")
+    seconds = as_seconds(timeout, default=group.timeout, what="grow: timeout")
+    deadline = time.monotonic() + seconds
+    engine = group.engine
+    agreed = np.array([engine.world_size, engine.next_context], np.int64)
+    await group.all_reduce(agreed, op=ReduceOp.MAX)
+    first_id, context = int(agreed[0]), int(agreed[1])
+    plan: list[Any] = [None]
+    if group.rank == 0:
+        plan[0] = await _claim(group, first_id, min_joiners, deadline)
+    await group.broadcast_object_list(plan, src=0)
+    newcomers: list[list[Any]] = plan[0]
+    if not newcomers:
+        return group
+    world_size = first_id + len(newcomers)
+    engine.widen(world_size, context)
+    await group.barrier()  # every member accepts the newcomers' ids before any of them dials
+    if group.rank == 0:
+        await _admit(group, newcomers, world_size, context)
+    new_ids = [n[0] for n in newcomers]
+    await engine.connect({}, max(deadline - time.monotonic(), 0.001), peers=new_ids)
+    grown = type(group)(engine, [*group.ranks, *new_ids], name=group.name, timeout=group.timeout, first_call=0)
+    grown.store = group.store
+    group.pass_on(grown)
+    await grown.barrier()
+    return grown
