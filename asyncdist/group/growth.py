@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -43,8 +43,9 @@ from ..reduce.op import ReduceOp
 from ..rendezvous import joins
 from ..timeouts import as_seconds
 
-if TYPE_CHECKING:
-    from .process_group import ProcessGroup
+# The group is a ProcessGroup, typed Any here: process_group imports this
+# module, and the layers contract allows no cycle inside group/.
+ProcessGroup = Any
 
 __all__ = ["Admission", "grow"]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Sequence
 
 from ..timeouts import DEFAULT_TIMEOUT
 from ..timeouts import as_seconds
@@ -86,7 +87,7 @@ async def init_world(
         finally:
             await loop.run_in_executor(STORE_EXECUTOR, plan.store.close)
         raise plan.refused
-    ranks = range(plan.world_size)
+    ranks: Sequence[int] = range(plan.world_size)
     try:
         if join:
             engine, admission = await join_running(PrefixStore(store_prefix, plan.store), host=plan.host,
