@@ -73,6 +73,7 @@ from .facade.reductions import (
     reduce_scatter_tensor,
     supports_complex,
 )
+from .facade.elastic import grow_group
 from .facade.debugging import breakpoint, record_comm
 from .facade.torch_names import (
     AllreduceCoalescedOptions,
@@ -170,6 +171,7 @@ __all__ = [
     "get_node_local_rank",
     "is_torchelastic_launched",
     "split_group",
+    "grow_group",
     "get_backend_config",
     "get_pg_count",
     "all_gather_coalesced",
