@@ -89,7 +89,8 @@ async def _claim(group: ProcessGroup, first_id: int, at_least: int, deadline: fl
             newcomers.append([first_id + len(newcomers), registration.host, registration.port, slot])
         else:
             refusals[slot] = {"refused": (
-                f"rank {engine.rank} of group {group.name!r} refused {registration.who}: its registration was not "
+                f"rank {engine.rank} of group {group.name!r} refused a joining process ({registration.who}): its "
+                "registration was not "
                 "made with this job's secret (is its ASYNCDIST_SECRET not the job's?)")}
     await joins.answer(store, refusals)
     return newcomers

@@ -42,7 +42,7 @@ async def _job_value(store: Store, key: str, env: str, where: str) -> str:
     if os.environ.get(env):
         return os.environ[env]
     if not await store.async_check([key]):
-        raise RendezvousError(f"join: the job at {where} keeps no {key} in its store: its ranks were given "
+        raise RendezvousError(f"join: the job at {where} keeps no {key!r} in its store: its ranks were given "
                               f"{env}; start this process with the same {env}")
     return (await store.async_get(key)).decode()
 

@@ -82,8 +82,8 @@ async def test_a_joiner_with_another_secret_is_refused_and_says_why(monkeypatch:
         joiner = asyncio.ensure_future(asyncdist.init_world(store=store, join=True, timeout=WAIT))
         grown = await asyncio.gather(*(w.grow(min_joiners=1) for w in worlds))
         assert all(g is w for g, w in zip(grown, worlds))
-        with pytest.raises(RendezvousError, match=r"refused to admit it: rank 0 of group 'world' refused pid \d+ on "
-                                                  r".*not made with this job's secret"):
+        with pytest.raises(RendezvousError, match=r"refused to admit it: rank 0 of group 'world' refused a joining "
+                                                  r"process \(pid \d+ on .*not made with this job's secret"):
             await joiner
         await _check_all_reduce(worlds)
     finally:
