@@ -47,7 +47,13 @@ from ..timeouts import as_seconds
 # module, and the layers contract allows no cycle inside group/.
 ProcessGroup = Any
 
-__all__ = ["Admission", "grow"]
+__all__ = ["Admission", "grow", "ADMITTED_CONNECT_SECONDS"]
+
+#: The longest the members wait for an admitted process to connect. A live
+#: one dials as soon as it reads its admission (well under a second); one that
+#: registered and then died never does, and the grow fails after this long
+#: instead of after the group's timeout (30 minutes by default).
+ADMITTED_CONNECT_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +144,7 @@ async def grow(group: ProcessGroup, *, timeout: Any = None, min_joiners: int = 0
     if group.rank == 0:
         await _admit(group, newcomers, world_size, context)
     new_ids = [n[0] for n in newcomers]
-    await engine.connect({}, max(deadline - time.monotonic(), 0.001), peers=new_ids)
+    await engine.connect({}, min(max(deadline - time.monotonic(), 0.001), ADMITTED_CONNECT_SECONDS), peers=new_ids)
     grown = type(group)(engine, [*group.ranks, *new_ids], name=group.name, timeout=group.timeout, first_call=0)
     grown.store = group.store
     group.pass_on(grown)

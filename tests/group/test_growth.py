@@ -4,12 +4,14 @@ Real ranks over real sockets in one loop (a HashStore as the job's store):
 the grown group is the same on every process, newcomers take the next ranks,
 and its collectives give the values NumPy computes from the inputs. A grow
 with nobody waiting returns the group itself; a joiner with another secret
-is refused and raises, saying why; two joiners at once both get in.
+is refused and raises, saying why; two joiners at once both get in; an
+admitted process that never connects fails the grow in time, not in a hang.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import numpy as np
@@ -18,7 +20,9 @@ import pytest
 import asyncdist
 from asyncdist.errors import RendezvousError
 from asyncdist.group.process_group import ProcessGroup
+from asyncdist.rendezvous import joins
 from asyncdist.rendezvous.hash_store import HashStore
+from asyncdist.rendezvous.store import PrefixStore
 
 WAIT = 20.0  # seconds; only a broken grow ever waits this long
 
@@ -111,4 +115,24 @@ async def test_two_joiners_at_once_then_a_third_get_ids_never_used() -> None:
         await _check_all_reduce(groups)
     finally:
         await asyncio.gather(*(g.close() for g in groups), return_exceptions=True)
+        store.close()
+
+
+async def test_an_admitted_process_that_never_connects_fails_the_grow_in_time() -> None:
+    """A registration whose process died (its port is closed) is admitted; the grow fails, naming its id."""
+    store = HashStore()
+    worlds = await _world(store, 2)
+    try:
+        secret, job_id = store.get("asyncdist/secret"), store.get("asyncdist/job_id").decode()
+        await joins.register(PrefixStore("asyncdist", store),
+                             joins.Registration.make(secret, job_id, "127.0.0.1", 9, "pid 1 on nowhere"))
+        start = time.monotonic()
+        results = await asyncio.gather(*(w.grow(min_joiners=1, timeout=1.0) for w in worlds), return_exceptions=True)
+        assert time.monotonic() - start < 5.0
+        for r, result in enumerate(results):
+            assert isinstance(result, RendezvousError)
+            assert re.fullmatch(rf"rank {r}: ranks \[2\] did not connect within [\d.]+ s", str(result))
+        await _check_all_reduce(worlds)  # the members go on
+    finally:
+        await asyncio.gather(*(w.close() for w in worlds))
         store.close()
