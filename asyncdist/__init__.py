@@ -56,6 +56,7 @@ from .facade.groups import (
     new_subgroups_by_enumeration,
     split_group,
 )
+from .facade.shrinking import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group
 from .facade.objects import (
     all_gather_object,
     broadcast_object_list,
@@ -172,6 +173,9 @@ __all__ = [
     "is_torchelastic_launched",
     "split_group",
     "grow_group",
+    "shrink_group",
+    "SHRINK_DEFAULT",
+    "SHRINK_ABORT",
     "get_backend_config",
     "get_pg_count",
     "all_gather_coalesced",

@@ -72,6 +72,8 @@ __all__ = [
     "CollectiveMismatchError",
     "ClosedError",
     "DeviceError",
+    "GroupRevokedError",
+    "RankExcludedError",
 ]
 
 
@@ -271,6 +273,28 @@ class HandshakeError(ProtocolError):
 
 class CollectiveMismatchError(AsyncDistError, DistBackendError):
     """Ranks disagree about an operation (kind, size, dtype, root or op)."""
+
+
+class GroupRevokedError(AsyncDistError, DistBackendError):
+    """The group was revoked (``await group.revoke()`` on some member): every
+    pending and later operation on it fails; ``agree`` and ``shrink`` still work.
+
+    Attributes:
+        rank: the global rank that began the revoke.
+    """
+
+    def __init__(self, message: str, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+    def __reduce__(self):  # keep ``rank`` across pickling (spawned ranks)
+        return (type(self), (self.args[0], self.rank))
+
+
+class RankExcludedError(AsyncDistError, DistNetworkError):
+    """This process was declared lost by the others (it was silent past the
+    heartbeat timeout, or an agreement counted it as failed) and is no longer
+    part of the job: fail-stop is enforced, so it must not go on as if it were."""
 
 
 class ClosedError(AsyncDistError, DistBackendError):

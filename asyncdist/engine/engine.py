@@ -24,17 +24,16 @@ the operation and return a future; nothing here blocks.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import signal
 import socket
 from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
+from .faults import Faults
 from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
 from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
-from .losses import Losses
+from .losses import Losses, goodbye
 from .mailbox import Mailbox, PeerInbox
 from .matching import Fold, PostedRecv
 from ..transport.heartbeat import Heartbeat, HeartbeatConfig
@@ -51,19 +50,6 @@ _CLOSE_DRAIN_SECONDS = 10.0
 # How long close() then waits for every peer to have read its goodbye (a live
 # peer's loop reads it within milliseconds; a stopped one is not waited for longer).
 _CLOSE_LINGER_SECONDS = 5.0
-
-
-def _goodbye(rank: int, signum: int) -> str:
-    """How a peer's BYE reads: why it left, when its tag names a signal."""
-    if signum == signal.SIGINT:
-        return f"rank {rank} was interrupted (SIGINT)"
-    if signum:
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        return f"rank {rank} was stopped ({name})"
-    return f"rank {rank} closed its process group"
 
 
 class Engine:
@@ -91,14 +77,18 @@ class Engine:
         self.world_size = me.world_size
         self._max_payload = max_payload
         self._mailbox = Mailbox(me.rank)
+        #: Control frames of groups, loss watchers, exclusion, revoked contexts (:mod:`.faults`).
+        self._crashed = False
         self._connections: dict[int, Connection] = {}
         self._losses = Losses()
         self._inboxes: dict[int, PeerInbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
-        self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._peer_lost)
+        self.faults = Faults(me.rank, self._mailbox, self._connections, self._peer_lost)
+        self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._silent)
         self._arrival: asyncio.Future | None = None  # set by the next connection attached
-        self._next_context = 0
+        #: The context :meth:`new_context` returns next (counted alike on every rank).
+        self.next_context = 0
         self._abort_watchers: dict[int, Callable[[int, AsyncDistError], None]] = {}
         self._peers_gone: asyncio.Future | None = None  # set once closing and no connection is left
         self.closed = False
@@ -110,8 +100,7 @@ class Engine:
     # -- setup -------------------------------------------------------------
 
     async def listen(self, host: str, listener: socket.socket | None = None) -> tuple[str, int]:
-        """Listen on an ephemeral port of ``host`` (or on ``listener``, bound
-        earlier); return (host, port) to publish."""
+        """Listen on an ephemeral port of ``host`` (or ``listener``); return (host, port) to publish."""
         self._loop = asyncio.get_running_loop()
         self.address = await self._mesh.listen(host, listener)
         self._heartbeat.start()
@@ -120,45 +109,32 @@ class Engine:
     async def connect(
         self, addresses: Mapping[int, tuple[str, int]], timeout: float, peers: Iterable[int] | None = None
     ) -> None:
-        """Dial the lower ranks of ``peers`` and wait until the higher ones dialed in.
-
-        Args:
-            addresses: (host, port) of each lower peer.
-            timeout: seconds for all of it.
-            peers: the ranks to connect to (None: every rank of the job).
+        """Dial the lower ranks of ``peers`` (None: the job's) at ``addresses``, and
+        wait until the higher ones dialed in.
 
         Raises:
             RendezvousError: not all peers connected within ``timeout`` seconds.
             PeerLostError, HandshakeError: a lower rank could not be reached.
         """
         wanted = set(range(self.world_size) if peers is None else peers) - {self.rank}
+
+        async def arrived() -> None:
+            while not wanted <= self._connections.keys():
+                self._arrival = asyncio.get_running_loop().create_future()
+                await self._arrival
+
         dials = (self._mesh.dial(peer, *addresses[peer]) for peer in sorted(wanted) if peer < self.rank)
         try:
-            await asyncio.wait_for(asyncio.gather(*dials, self._arrived(wanted)), timeout)
+            await asyncio.wait_for(asyncio.gather(*dials, arrived()), timeout)
         except asyncio.TimeoutError:
             raise RendezvousError(
                 f"rank {self.rank}: ranks {sorted(wanted - set(self._connections))} did not connect within {timeout:g} s"
             ) from None
 
-    async def _arrived(self, peers: set[int]) -> None:
-        """Return once every one of ``peers`` is connected."""
-        assert self._loop is not None, "listen() first"
-        while not peers <= self._connections.keys():
-            self._arrival = self._loop.create_future()
-            await self._arrival
-
     def widen(self, world_size: int, next_context: int) -> None:
-        """Admit the job-unique ids below ``world_size`` (processes that joined
-        by a grow) and take the contexts from ``next_context`` on (loop thread)."""
-        self.me = dataclasses.replace(self.me, world_size=world_size)
-        self.world_size = world_size
-        self._mesh.me = self.me
-        self._next_context = next_context
-
-    @property
-    def next_context(self) -> int:
-        """The context the next :meth:`new_context` returns."""
-        return self._next_context
+        """Accept the ids below ``world_size`` (joined by a grow); count contexts from ``next_context``."""
+        self.me = self._mesh.me = Identity(self.me.job_id, self.rank, world_size, self.me.secret)
+        self.world_size, self.next_context = world_size, next_context
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
         assert self._loop is not None, "listen() first"
@@ -183,8 +159,8 @@ class Engine:
 
     def new_context(self) -> int:
         """Return a fresh context id (the same on every rank that calls in the same order)."""
-        ctx = self._next_context
-        self._next_context += 1
+        ctx = self.next_context
+        self.next_context += 1
         return ctx
 
     # -- operations ----------------------------------------------------------
@@ -202,6 +178,9 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
+        refused = self.faults.send_error(header.ctx)
+        if refused is not None:
+            raise refused
         return connection.send_message(header, payload)
 
     def post_recv(
@@ -224,6 +203,8 @@ class Engine:
         """
         if self.closed:
             raise ClosedError(f"rank {self.rank}: the process group is closed")
+        if self.faults.excluded is not None:
+            raise self.faults.excluded
         assert self._loop is not None
         recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op, fold)
         self._mailbox.post(recv, self._losses.fatal_for(recv))
@@ -274,6 +255,25 @@ class Engine:
                 except PeerLostError:
                     pass
 
+    def is_lost(self, rank: int) -> bool:
+        """Whether the stream to ``rank`` has ended (it crashed, left, or was expelled)."""
+        return rank in self._losses
+
+    def _silent(self, rank: int, error: PeerLostError) -> None:  # the heartbeat's verdict; it may be only paused
+        self.faults.expel(rank, f"rank {self.rank} heard nothing from it within the heartbeat timeout", error)
+
+    def crash(self) -> None:
+        """Drop every connection at once with a reset, saying nothing: what the
+        kernel does to the sockets of a process killed by SIGKILL (for
+        fault-injection tests). :meth:`close` afterwards only releases the rest."""
+        if self.closed:
+            return
+        self.closed = self._crashed = True
+        self._mailbox.fail_all(ClosedError(f"rank {self.rank}: the process crashed"))
+        for connection in self._connections.values():
+            connection.reset()
+        self._connections.clear()
+
     def cancel_recv(self, recv: PostedRecv) -> bool:
         """Withdraw a receive that has not matched yet; True if it was withdrawn."""
         return self._mailbox.cancel(recv)
@@ -300,7 +300,7 @@ class Engine:
     def _control_frame(self, rank: int, header: Header) -> None:
         """A frame without a message's payload; a PING's arrival was its point."""
         if header.kind == Kind.BYE:
-            self._peer_lost(rank, PeerLostError(_goodbye(rank, header.tag), rank), orderly=True)
+            self._peer_lost(rank, PeerLostError(goodbye(rank, header.tag), rank), orderly=True)
         elif header.kind == Kind.ABORT:
             error = error_from_abort(header)
             failed_here = self._mailbox.call_error(header.ctx, header.tag) is not None
@@ -312,6 +312,8 @@ class Engine:
             connection = self._connections.get(rank)
             if connection is not None:  # else: it came after the peer's BYE, in the same read
                 connection.remote_done()
+        elif header.kind in (Kind.REVOKE, Kind.AGREE):
+            self.faults.frame(rank, header)
 
     # -- failures --------------------------------------------------------------
 
@@ -336,6 +338,7 @@ class Engine:
         if inbox is not None:
             inbox.lose(error)
         self._mailbox.fail_dependents(rank, self._losses.fatal_for, error)
+        self.faults.lost(rank)
         gone = self._peers_gone
         if gone is not None and not self._connections and not gone.done():
             gone.set_result(None)
@@ -364,6 +367,10 @@ class Engine:
 
         Receives still waiting fail with :class:`ClosedError`.
         """
+        if self._crashed:
+            self._crashed = False
+            await self._heartbeat.stop()
+            await self._mesh.close()
         if self.closed:
             return
         self.closed = True

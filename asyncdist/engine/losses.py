@@ -16,12 +16,26 @@ longer complete live here, apart from sockets and futures:
 
 from __future__ import annotations
 
+import signal
 from typing import Iterable
 
 from ..errors import PeerLostError
 from .matching import PostedRecv
 
-__all__ = ["Losses"]
+__all__ = ["Losses", "goodbye"]
+
+
+def goodbye(rank: int, signum: int) -> str:
+    """How a peer's BYE reads: why it left, when its tag names a signal."""
+    if signum == signal.SIGINT:
+        return f"rank {rank} was interrupted (SIGINT)"
+    if signum:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"rank {rank} was stopped ({name})"
+    return f"rank {rank} closed its process group"
 
 
 class Losses:

@@ -64,6 +64,7 @@ class Mailbox:
         self._matcher = Matcher()
         self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
         self._screens: dict[int, Callable[[Header], bool]] = {}
+        self._revoked: dict[int, AsyncDistError] = {}  # context -> why every receive of it fails
 
     def screen(self, ctx: int, keep: Callable[[Header], bool]) -> None:
         """Ask ``keep(header)`` about every message of ``ctx`` that no receive
@@ -80,8 +81,11 @@ class Mailbox:
 
     def post(self, recv: PostedRecv, lost: AsyncDistError | None) -> None:
         """Match ``recv`` with the earliest unexpected message that fits, or
-        queue it; fail it instead if its call failed or ``lost`` says a peer
-        it depends on is gone."""
+        queue it; fail it instead if its call failed, its context was revoked,
+        or ``lost`` says a peer it depends on is gone."""
+        if self._revoked and recv.ctx in self._revoked:
+            fail_future(recv.future, self._revoked[recv.ctx])
+            return
         inbound = self._matcher.take_unexpected(recv.ctx, recv.src, recv.tag)
         if inbound is not None:
             self.deliver(inbound, recv)
@@ -97,8 +101,20 @@ class Mailbox:
         return self._matcher.unpost(recv)
 
     def call_error(self, ctx: int, tag: int) -> AsyncDistError | None:
-        """The error call (ctx, tag) was marked failed with here, if it was (and is still remembered)."""
+        """The error call (ctx, tag) was marked failed with here (or its context
+        revoked with), if it was (and is still remembered)."""
+        if self._revoked and ctx in self._revoked:
+            return self._revoked[ctx]
         return self._aborted.get((ctx, tag))
+
+    def revoke(self, ctx: int, error: AsyncDistError) -> None:
+        """Fail every receive of context ``ctx`` with ``error``, now and later,
+        and drop its messages, queued or still to come."""
+        if ctx in self._revoked:
+            return
+        self._revoked[ctx] = error
+        for recv in self._matcher.take_context(ctx):
+            fail_future(recv.future, error)
 
     def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
         """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
@@ -153,7 +169,7 @@ class Mailbox:
         screen = self._screens.get(header.ctx)
         if screen is not None and not screen(header):
             return inbound  # read and dropped
-        if (header.ctx, header.tag) not in self._aborted:  # else: read and dropped
+        if (header.ctx, header.tag) not in self._aborted and header.ctx not in self._revoked:  # else: dropped
             self._matcher.add_unexpected(inbound)
         return inbound
 

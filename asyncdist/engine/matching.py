@@ -235,6 +235,18 @@ class Matcher:
         taken.extend(self._posted_any.pop((ctx, tag), ()))
         return taken
 
+    def take_context(self, ctx: int) -> list[PostedRecv]:
+        """Remove and return every posted receive of context ``ctx``, and
+        forget its unexpected messages (its group was revoked)."""
+        taken: list[PostedRecv] = []
+        for key in [k for k in self._posted if k[0] == ctx]:
+            taken.extend(self._posted.pop(key))
+        for any_key in [k for k in self._posted_any if k[0] == ctx]:
+            taken.extend(self._posted_any.pop(any_key))
+        for ctx_tag in [k for k in self._unexpected_by_ctx_tag if k[0] == ctx]:
+            self.take_call_messages(*ctx_tag)
+        return taken
+
     def take_all(self) -> list[PostedRecv]:
         """Remove and return every posted receive (the engine is closing)."""
         taken = [r for q in self._posted.values() for r in q] + [r for q in self._posted_any.values() for r in q]

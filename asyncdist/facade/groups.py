@@ -220,38 +220,39 @@ def split_group(
     """Split ``parent_pg`` into disjoint groups and return this rank's (torch's ``split_group``).
 
     Any thread but asyncdist's loop thread (there it raises WrongThreadError).
-    Nothing is sent. As for :func:`new_group`, every rank of the job calls
-    it, in the same order, members of the parent or not.
+    As in torch, every rank of the parent calls it, with the same
+    ``split_ranks``, and no other rank needs to (the new groups' message
+    contexts are derived from the parent's: :mod:`asyncdist.group.contexts`).
+    Nothing is sent.
 
     Args:
-        parent_pg: the group to split (default: the world).
+        parent_pg: the group to split (default: the default group).
         split_ranks: disjoint lists of *group ranks of the parent*, as in
-            torch; ranks in no list are in no new group.
+            torch; each list is sorted; ranks in no list are in no new group.
         timeout, pg_options, group_desc, backend: as for :func:`new_group`.
 
     Returns:
-        This rank's new group; None if it is in none (or not in the parent).
+        This rank's new group; None if it is in none.
 
     Raises:
-        InvalidArgumentError: ``split_ranks`` missing or empty, or two lists share a rank.
+        InvalidArgumentError: ``split_ranks`` missing or empty, an empty or
+            repeating list, two lists sharing a rank, or this rank not in the
+            parent (torch's ValueErrors).
         InvalidRankError: a rank is not a group rank of the parent.
     """
     world = _world()
     if not split_ranks:
-        raise InvalidArgumentError("split_group: split_ranks must be a non-empty list of lists of group ranks")
+        raise InvalidArgumentError("split_ranks cannot be None or empty")
     backend = _runtime.backend if backend is None else _check_backend(backend)
     parent = _group(parent_pg)
     if parent is None or parent.rank < 0:
-        return None
+        raise InvalidArgumentError(f"Global rank {world.engine.rank} is not part of the parent group {parent_pg!r}")
     parts = [list(ranks) for ranks in split_ranks]
 
     def create() -> ProcessGroup | None:
-        mine, made = parent.partition(parts, timeout=timeout, name=group_desc)
-        for sub in made:
-            if sub.rank < 0:
-                parent.subgroups.groups.remove(sub)
-            else:
-                _use_backend(sub, backend, world.store)
+        mine = parent.subgroups.split_off(parts, timeout=timeout, name=group_desc)
+        if mine is not None:
+            _use_backend(mine, backend, world.store)
         return mine
 
     return _portal().call(create, what="split_group()")

@@ -114,6 +114,8 @@ class Calls:
         members: the group's members.
         timeout: seconds every operation of the group may take.
         first_call: the number of the group's first call.
+        contexts: where its message contexts come from (default: the engine's
+            counter; a group made by agreement derives its own).
 
     Attributes:
         p2p_context: the engine context of the group's point-to-point messages.
@@ -121,13 +123,21 @@ class Calls:
         timeout: seconds every operation may take.
     """
 
-    def __init__(self, engine: Engine, members: Members, timeout: float, first_call: int = 1) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        members: Members,
+        timeout: float,
+        first_call: int = 1,
+        contexts: Callable[[], int] | None = None,
+    ) -> None:
         self.engine = engine
         self.members = members
         self.timeout = timeout
-        self.p2p_context = engine.new_context()
-        self.collective_context = engine.new_context()
-        self.announcement_context = engine.new_context()
+        new_context = contexts or engine.new_context
+        self.p2p_context = new_context()
+        self.collective_context = new_context()
+        self.announcement_context = new_context()
         self._last = first_call - 1  # the number of the latest call taken
         self._open: set[int] = set()  # numbered here and not yet finished
         self._described: OrderedDict[int, str] = OrderedDict()  # call -> its description here
@@ -154,8 +164,12 @@ class Calls:
                 finished is still unclaimed, an announcement of this call
                 differs from this rank's, or a call that completed here failed
                 elsewhere because the ranks disagreed about it.
+            GroupRevokedError: the group was revoked.
         """
         self.members.check_member()
+        revoked = self.engine.faults.revoked(self.collective_context)
+        if revoked is not None:
+            raise revoked
         # A message of a call that this rank has closed, and that no receive
         # took, means the ranks disagreed about that call. Calls still open
         # here (numbered, not finished) may legitimately have early messages.

@@ -5,10 +5,13 @@ processes waiting in the job's store (``init_world(..., join=True)``, see
 :mod:`.joining` and :mod:`asyncdist.rendezvous.joins`) take part from
 their side. In order:
 
-1. the members agree (all-reduce, MAX) on the job's id space and on the next
-   engine context: a newcomer gets an id never used in the job, ``size``,
-   ``size + 1``, ... (ids of lost ranks are not reused), and the grown group
-   the same contexts on every process;
+1. the members agree (all-reduce, MAX) on the job's id space and on the
+   engine's context counter: a newcomer gets an id never used in the job,
+   ``size``, ``size + 1``, ... (ids of lost ranks are not reused), and a
+   counter in step with the members' (for the groups made later); the grown
+   group's own contexts are derived (:mod:`.contexts`) from this group's and
+   the grow's first new id, so that ranks outside this group keep their
+   counters in step;
 2. the leader (group rank 0, the lowest live rank after a shrink) claims
    the waiting registrations, refuses those not made with the job's secret
    (their processes raise, saying so) and broadcasts the newcomers;
@@ -34,7 +37,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,6 +46,7 @@ from ..errors import InvalidArgumentError
 from ..reduce.op import ReduceOp
 from ..rendezvous import joins
 from ..timeouts import as_seconds
+from .contexts import derived_contexts
 
 # The group is a ProcessGroup, typed Any here: process_group imports this
 # module, and the layers contract allows no cycle inside group/.
@@ -65,7 +70,10 @@ class Admission:
         members: the grown group's ids, in group-rank order.
         addresses: ``(host, port)`` of every member, by id, as text keys (JSON).
         world_size: the job's id space after the grow.
-        context: the engine context the grown group's first context is.
+        context: the members' engine context counter (where the newcomer's starts).
+        parent, label: whence the grown group's contexts are derived (see
+            :mod:`.contexts`): the members' group's collective context, and
+            which grow of the job it is.
         name: the group's name.
     """
 
@@ -74,7 +82,13 @@ class Admission:
     addresses: dict[str, list[Any]]
     world_size: int
     context: int
+    parent: int
+    label: str
     name: str
+
+    def contexts(self) -> Callable[[], int]:
+        """The grown group's context allocator, as the members derive it."""
+        return derived_contexts(self.parent, self.label)
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> Admission:
@@ -113,13 +127,45 @@ async def _admit(group: ProcessGroup, newcomers: list[list[Any]], world_size: in
         addresses[str(member)] = [host, int(port)]
     addresses.update({str(new_id): [host, port] for new_id, host, port, _ in newcomers})
     members = [*group.ranks, *(n[0] for n in newcomers)]
+    parent, label = group.calls.collective_context, _label(newcomers)
     await joins.answer(store, {slot: {"admitted": asdict(Admission(new_id, members, addresses, world_size, context,
-                                                                   group.name))}
+                                                                   parent, label, group.name))}
                                for new_id, _, _, slot in newcomers})
 
 
-async def grow(group: ProcessGroup, *, timeout: Any = None, min_joiners: int = 0) -> ProcessGroup:
-    """Admit the processes waiting to join; see :meth:`ProcessGroup.grow`."""
+def _label(newcomers: list[list[Any]]) -> str:
+    """Which grow of the job this is: its first new id, never the same twice in a job."""
+    return f"g{newcomers[0][0]}"
+
+
+async def grow(group: ProcessGroup, *, timeout: timedelta | float | None = None, min_joiners: int = 0) -> ProcessGroup:
+    """Admit the processes waiting to join (``init_world(..., join=True)``); return
+    the bigger group, the same on members and newcomers (``ProcessGroup.grow``).
+
+    A collective call of the group's members; newcomers get the next ranks
+    (this size, size + 1, ...) and ids never used in the job. See the module
+    docstring and docs/fault-tolerance.md.
+
+    Args:
+        group: the members' group (the world, or what a shrink left).
+        timeout: seconds (or a ``timedelta``) for the whole grow; None: the group's.
+        min_joiners: wait until at least this many processes wait to join
+            (0: admit whoever waits now, maybe nobody).
+
+    Returns:
+        *This same group* when nobody was waiting; else the grown group, which
+        now owns the engine and store (close it, not this one).
+
+    Raises:
+        InvalidArgumentError: the group has no store, or a bad argument.
+        RendezvousError: fewer than ``min_joiners`` came in time, or an
+            admitted process never connected.
+        PeerLostError: a member was lost meanwhile (shrink, then grow again).
+
+    Example::
+
+        world = await world.grow()  # at a step the members choose
+    """
     group.members.check_member()
     if group.store is None:
         raise InvalidArgumentError(f"grow: group {group.name!r} has no store to find joining processes in")
@@ -145,7 +191,8 @@ async def grow(group: ProcessGroup, *, timeout: Any = None, min_joiners: int = 0
         await _admit(group, newcomers, world_size, context)
     new_ids = [n[0] for n in newcomers]
     await engine.connect({}, min(max(deadline - time.monotonic(), 0.001), ADMITTED_CONNECT_SECONDS), peers=new_ids)
-    grown = type(group)(engine, [*group.ranks, *new_ids], name=group.name, timeout=group.timeout, first_call=0)
+    grown = type(group)(engine, [*group.ranks, *new_ids], name=group.name, timeout=group.timeout, first_call=0,
+                        contexts=derived_contexts(group.calls.collective_context, _label(newcomers)))
     grown.store = group.store
     group.pass_on(grown)
     await grown.barrier()

@@ -10,7 +10,8 @@ another's private attributes:
   :class:`~.objects.ObjectCollectives`, :class:`~.monitor.Monitor`: the
   operations;
 * :class:`~.devices.Devices`: where operations with device operands go;
-* :class:`~.subgroups.Subgroups`: the groups made from this one.
+* :class:`~.subgroups.Subgroups`: the groups made from this one;
+* :class:`~.fault.FaultTolerance`: ``failed_ranks``, ``revoke``, ``agree``, ``shrink``.
 
 ProcessGroup's methods are those parts' methods; a collective first asks
 whether an operand lives on a device. Loop thread only: the ``i*`` methods
@@ -25,15 +26,13 @@ import inspect
 from datetime import timedelta
 from typing import Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, Sequence, TypeVar
 
-import numpy as np
-
 from ..engine.channel import Channel
 from ..engine.engine import Engine
-from ..errors import InvalidArgumentError
 from ..gpu.device import any_device
 from .calls import CallReservation, Calls
 from .collectives import Collectives
 from .devices import Devices
+from .fault import FaultTolerance
 from .growth import grow
 from .members import Members
 from .monitor import Monitor
@@ -85,6 +84,7 @@ class ProcessGroup:
         timeout: seconds every operation of this group may take.
         first_call: the number of its first collective call (the world's
             startup barrier is call #0, so that the user's first is #1).
+        contexts: where its message contexts come from (None: the engine's counter).
 
     Attributes:
         rank: this process's rank in the group, -1 if it is not a member.
@@ -96,20 +96,20 @@ class ProcessGroup:
         store: the store the members share (where NCCL unique ids travel), or None.
     """
 
-    def __init__(
-        self, engine: Engine, ranks: Sequence[int], *, name: str, timeout: float, first_call: int = 1
-    ) -> None:
+    def __init__(self, engine: Engine, ranks: Sequence[int], *, name: str, timeout: float, first_call: int = 1,
+                 contexts: Callable[[], int] | None = None) -> None:
         self.engine = engine
         self.members = Members(ranks, engine.rank, name)
         self.ranks, self.rank, self.size = self.members.ranks, self.members.rank, self.members.size
         self.name = name
-        self.calls = Calls(engine, self.members, timeout, first_call)
+        self.calls = Calls(engine, self.members, timeout, first_call, contexts)
         self.p2p = PointToPoint(self.calls)
         self.collectives = Collectives(self.calls)
         self.devices = Devices(self.calls, self.p2p)
         self.objects = ObjectCollectives(self)
         self.monitor = Monitor(self.calls)
         self.subgroups: Subgroups[ProcessGroup] = Subgroups(self.calls, self._child)
+        self.faults: FaultTolerance[ProcessGroup] = FaultTolerance(self.calls, self._child)
         self.store: Any = None
         self._closers: list[Callable[[], Any]] = []
 
@@ -312,55 +312,59 @@ class ProcessGroup:
             InvalidArgumentError: ``color`` is negative or not an int, or this
                 group does not hold every rank of the job.
         """
-        if self.size != self.engine.world_size:
-            raise InvalidArgumentError(
-                f"split: group {self.name!r} has {self.size} of the job's {self.engine.world_size} ranks; "
-                "split the world, or use partition(), which every rank calls"
-            )
-        if color is not None and (type(color) is not int or color < 0):
-            raise InvalidArgumentError(f"split: color must be a non-negative int or None, got {color!r}")
-        if type(key) is not int:
-            raise InvalidArgumentError(f"split: key must be an int, got {key!r}")
-        mine = np.array([-1 if color is None else color, key], np.int64)
-        everyone = np.empty(2 * self.size, np.int64)
-        await self.all_gather_into_tensor(everyone, mine)
-        pairs = everyone.reshape(self.size, 2)
-        parts = self.subgroups.split_plan(pairs[:, 0], pairs[:, 1])
-        if not parts:
-            return None
-        group, _ = self.partition(parts, timeout=timeout, name=name)
-        return group
+        return await self.subgroups.split(self.all_gather_into_tensor, color, key, timeout=timeout, name=name)
 
-    # -- fault tolerance ----------------------------------------------------------------
-
-    async def grow(self, *, timeout: timedelta | float | None = None, min_joiners: int = 0) -> ProcessGroup:
-        """Admit the processes waiting to join (``init_world(..., join=True)``);
-        return the bigger group, the same on members and newcomers.
-
-        A collective call of the members; newcomers get the next ranks (this
-        size, size + 1, ...) and ids never used in the job. With nobody
-        waiting it returns *this same group*; else the grown group owns the
-        engine and store (close it, not this one). ``timeout``: for the whole
-        grow (None: the group's); ``min_joiners``: wait until that many wait.
-        See :mod:`asyncdist.group.growth`.
-
-        Raises:
-            InvalidArgumentError: no store, or a bad argument.
-            RendezvousError: too few joiners in time, or one never connected.
-            PeerLostError: a member was lost meanwhile (shrink, then grow).
-        """
-        return await grow(self, timeout=timeout, min_joiners=min_joiners)
-
-    def pass_on(self, successor: ProcessGroup) -> None:
-        """Give ``successor`` (a grown or shrunk group) what closing this group
-        would release (the engine, the store): close the successor instead."""
-        successor._closers.extend(self._closers)
-        self._closers = []
-
-    def _child(self, ranks: list[int], name: str, timeout: float) -> ProcessGroup:
-        child = ProcessGroup(self.engine, ranks, name=name, timeout=timeout)
+    def _child(
+        self, ranks: list[int], name: str, timeout: float, contexts: Callable[[], int] | None = None
+    ) -> ProcessGroup:
+        child = ProcessGroup(self.engine, ranks, name=name, timeout=timeout, contexts=contexts)
         child.store = self.store
         return child
+
+    # -- fault tolerance (see asyncdist.group.fault) ---------------------------------------
+
+    def failed_ranks(self) -> list[int]:
+        """The group ranks known lost, sorted: those the last ``agree`` or
+        ``shrink`` counted as failed, and those this rank has seen lost since."""
+        return self.faults.failed_ranks()
+
+    async def revoke(self) -> None:
+        """Fail every pending and later operation of this group, on every live member,
+        with :class:`~asyncdist.errors.GroupRevokedError` (``agree`` and ``shrink`` still work)."""
+        await self.faults.revoke()
+
+    async def agree(self, flag: int, *, timeout: timedelta | float | None = None) -> int:
+        """Fault-tolerant agreement: the bitwise AND of ``flag`` (an int) over
+        the live members, the same on each, which then see the same
+        :meth:`failed_ranks` (unless another member fails meanwhile). Works on
+        a revoked group. Members call ``agree`` and ``shrink`` in the same order.
+
+        Raises:
+            RankExcludedError: the others count this rank as failed.
+            OperationTimeoutError: no decision within ``timeout`` (None: the group's).
+
+        Example::
+
+            ok = await group.agree(0 if failed else 1)   # see docs/fault-tolerance.md
+        """
+        return await self.faults.agree(flag, timeout=timeout)
+
+    async def shrink(self, *, exclude: Sequence[int] = (), timeout: timedelta | float | None = None) -> ProcessGroup:
+        """The group of the members not counted as failed, agreed even if another
+        dies meanwhile, ranks renumbered in the old order; after :meth:`revoke` or
+        without. ``exclude``: group ranks to count as failed though they may live
+        (they are expelled from the job). The new group takes over what this one
+        owns (the world: the engine): close it, not this one. Raises as :meth:`agree`."""
+        group = await self.faults.shrink(exclude=exclude, timeout=timeout)
+        self.pass_on(group)
+        return group
+
+    grow = grow  #: ``await group.grow(*, timeout=None, min_joiners=0)``: see :func:`asyncdist.group.growth.grow`
+
+    def pass_on(self, successor: ProcessGroup) -> None:
+        """Give ``successor`` (shrunk or grown) what closing this group would release (the engine)."""
+        successor._closers.extend(self._closers)
+        self._closers = []
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -375,6 +379,7 @@ class ProcessGroup:
         failure is raised after the last closer.
         """
         closers, self._closers = self._closers, []
+        self.faults.close()
         failure: BaseException | None = None
         for closer in reversed(closers):
             try:

@@ -20,13 +20,14 @@ so the one that non-members need not agree on in advance.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Generic, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..timeouts import as_seconds
 from .calls import Calls
+from .contexts import derived_contexts
 
 __all__ = ["Subgroups"]
 
@@ -46,15 +47,17 @@ class Subgroups(Generic[G]):
 
     Args:
         calls: the parent's numbering and timeouts (for its members and timeout).
-        make: builds a group from global ranks, a name and a timeout (the
-            ProcessGroup constructor, on the parent's engine).
+        make: builds a group from global ranks, a name, a timeout and a context
+            allocator (None: the engine's counter); the ProcessGroup
+            constructor, on the parent's engine.
     """
 
-    def __init__(self, calls: Calls, make: Callable[[list[int], str, float], G]) -> None:
+    def __init__(self, calls: Calls, make: Callable[[list[int], str, float, Callable[[], int] | None], G]) -> None:
         self._calls = calls
         self._members = calls.members
         self._make = make
         self._made = 0
+        self._splits = 0
         #: The open groups made from this one, oldest first.
         self.groups: list[G] = []
 
@@ -68,10 +71,52 @@ class Subgroups(Generic[G]):
             m.check(r, "rank")
         seconds = as_seconds(timeout, default=self._calls.timeout, what="new_group: timeout")
         self._made += 1
-        child = self._make([m.ranks[r] for r in members], name or f"{m.name}/{self._made}", seconds)
+        child = self._make([m.ranks[r] for r in members], name or f"{m.name}/{self._made}", seconds, None)
+        self.keep(child)
+        return child
+
+    def keep(self, child: G) -> None:
+        """Hold ``child`` among this group's subgroups until it closes."""
         children = self.groups
         children.append(child)
         child.on_close(lambda: children.remove(child) if child in children else None)
+
+    def split_off(
+        self, parts: Sequence[Sequence[int]], *, timeout: timedelta | float | None = None, name: str | None = None
+    ) -> G | None:
+        """torch's ``split_group``: this rank's group among ``parts`` (lists of
+        this group's ranks, each sorted), or None if it is in none.
+
+        Only this group's members call it, all with the same parts and in the
+        same order as their other splits: the new group's contexts are derived
+        (:mod:`.contexts`), so nobody else needs to create it, and nothing is sent.
+
+        Raises:
+            InvalidArgumentError: ``parts`` or a part is empty, repeats a rank,
+                or two parts share one.
+            InvalidRankError: a rank is not a group rank of this group.
+        """
+        if not parts:
+            raise InvalidArgumentError("split_group: split_ranks cannot be None or empty")
+        owner: dict[int, int] = {}
+        for i, part in enumerate(parts):
+            if not part:
+                raise InvalidArgumentError("split_group: the split group cannot be empty")
+            for r in part:
+                self._members.check(r, "split_group: rank")
+                if r in owner:
+                    raise InvalidArgumentError(f"split_group: rank {r} appears in split {owner[r]} and split {i}")
+                owner[r] = i
+        self._members.check_member()
+        self._splits += 1
+        mine = owner.get(self._members.rank)
+        if mine is None:
+            return None
+        m = self._members
+        seconds = as_seconds(timeout, default=self._calls.timeout, what="split_group: timeout")
+        contexts = derived_contexts(self._calls.collective_context, f"split{self._splits}/{mine}")
+        child = self._make([m.ranks[r] for r in sorted(parts[mine])], name or f"{m.name}/split{self._splits}", seconds, contexts)
+        self.keep(child)
         return child
 
     def partition(
@@ -90,6 +135,39 @@ class Subgroups(Generic[G]):
         made: list[G] = [self.new_group(part, timeout=timeout, name=name) for part in parts]
         mine = next((g for g in made if g.rank >= 0), None)
         return mine, made
+
+    async def split(
+        self,
+        all_gather: Callable[[np.ndarray, np.ndarray], Awaitable[Any]],
+        color: int | None,
+        key: int = 0,
+        *,
+        timeout: timedelta | float | None = None,
+        name: str | None = None,
+    ) -> G | None:
+        """MPI's ``MPI_Comm_split`` over ``all_gather`` (the group's
+        ``all_gather_into_tensor``); see ProcessGroup.split."""
+        m, engine = self._members, self._calls.engine
+        # Every live rank of the job must take part (a shrunk world qualifies: the rest are lost).
+        outside = [r for r in range(engine.world_size) if r not in m.ranks and not engine.is_lost(r)]
+        if outside:
+            raise InvalidArgumentError(
+                f"split: group {m.name!r} has {m.size} of the job's {m.size + len(outside)} ranks; "
+                "split the world, or use partition(), which every rank calls"
+            )
+        if color is not None and (type(color) is not int or color < 0):
+            raise InvalidArgumentError(f"split: color must be a non-negative int or None, got {color!r}")
+        if type(key) is not int:
+            raise InvalidArgumentError(f"split: key must be an int, got {key!r}")
+        mine = np.array([-1 if color is None else color, key], np.int64)
+        everyone = np.empty(2 * m.size, np.int64)
+        await all_gather(everyone, mine)
+        pairs = everyone.reshape(m.size, 2)
+        parts = self.split_plan(pairs[:, 0], pairs[:, 1])
+        if not parts:
+            return None
+        group, _ = self.partition(parts, timeout=timeout, name=name)
+        return group
 
     def split_plan(self, colors: np.ndarray, keys: np.ndarray) -> list[list[int]]:
         """The parts of ``split``: for each colour >= 0, ascending, its ranks by (key, rank)."""

@@ -88,11 +88,12 @@ async def init_world(
             await loop.run_in_executor(STORE_EXECUTOR, plan.store.close)
         raise plan.refused
     ranks: Sequence[int] = range(plan.world_size)
+    contexts = None  # the engine's counter; a newcomer's group derives them as the members do
     try:
         if join:
             engine, admission = await join_running(PrefixStore(store_prefix, plan.store), host=plan.host,
                                                    timeout=seconds, heartbeat=heartbeat, where=plan.where)
-            ranks, group_name = admission.members, group_name or admission.name
+            ranks, group_name, contexts = admission.members, group_name or admission.name, admission.contexts()
         else:
             engine = await bootstrap(
                 PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds,
@@ -104,7 +105,7 @@ async def init_world(
                 await asyncio.sleep(ABORT_LINGER_SECONDS)
             plan.store.close()
         raise
-    world = ProcessGroup(engine, ranks, name=group_name or "world", timeout=seconds, first_call=0)
+    world = ProcessGroup(engine, ranks, name=group_name or "world", timeout=seconds, first_call=0, contexts=contexts)
     world.store = PrefixStore(store_prefix, plan.store)  # where NCCL unique ids travel
     if plan.owns_store:
         world.on_close(lambda: loop.run_in_executor(STORE_EXECUTOR, plan.store.close))

@@ -17,7 +17,7 @@ from ..group.process_group import ProcessGroup
 from ..rendezvous.hash_store import HashStore
 from ..group.world import init_world
 
-__all__ = ["local_world"]
+__all__ = ["local_world", "crash"]
 
 
 @contextlib.asynccontextmanager
@@ -45,3 +45,14 @@ async def local_world(n: int, *, timeout: timedelta | float = 60.0) -> AsyncIter
     finally:
         await asyncio.gather(*(w.close() for w in worlds), return_exceptions=True)
         store.close()
+
+
+def crash(group: ProcessGroup) -> None:
+    """Make ``group``'s rank die as under SIGKILL: every connection of its
+    engine is reset at once, with no goodbye, and what it waits on fails.
+
+    For fault-injection tests in one loop; cancel the rank's tasks too, as
+    the kernel would stop them. The other ranks see what they would see of
+    a killed process: streams reset, with no BYE.
+    """
+    group.engine.crash()

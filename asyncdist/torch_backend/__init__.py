@@ -20,6 +20,8 @@ asyncdist`` never imports it, and it imports torch at once.
 * :mod:`.process_group` - :class:`AsyncdistProcessGroup`, torch's ProcessGroup
   API over an asyncdist group;
 * :mod:`.work` - :class:`TorchWork`, torch's Work over an asyncdist operation;
+* :mod:`.shrinking` - what lets ``torch.distributed.shrink_group`` take the
+  group an asyncdist shrink makes;
 * the store adapter is :class:`asyncdist.rendezvous.torch_store.TorchStore`
   (the rendezvous layer uses it for torchrun's store too).
 """
@@ -31,6 +33,7 @@ import torch.distributed as tdist
 from ..rendezvous.torch_store import TorchStore
 from .backend import create_backend
 from .process_group import BACKEND_NAME, AsyncdistProcessGroup
+from .shrinking import install
 from .work import TorchWork
 
 __all__ = ["BACKEND_NAME", "AsyncdistProcessGroup", "TorchWork", "TorchStore", "register"]
@@ -44,6 +47,7 @@ def register() -> None:
     """
     if BACKEND_NAME.upper() not in tdist.Backend._plugins:
         tdist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu"])
+    install()  # torch.distributed.shrink_group on an asyncdist group
 
 
 register()

@@ -117,6 +117,6 @@ def create_backend(options: Any, backend_options: Any = None) -> AsyncdistProces
     except BaseException:
         _runtime.stop_if_idle()
         raise
-    group = AsyncdistProcessGroup(world, portal, _runtime.forget)
+    group = AsyncdistProcessGroup(world, portal, _runtime.forget, _runtime.groups.add)
     _runtime.groups.add(group)
     return group

@@ -66,6 +66,9 @@ __all__ = ["AsyncdistProcessGroup", "BACKEND_NAME"]
 #: The name under which the backend is registered with torch.
 BACKEND_NAME = "asyncdist"
 
+# torch's SHRINK_ABORT flag (torch.distributed.distributed_c10d): revoke before shrinking.
+_SHRINK_ABORT = 0x01
+
 Operation = Callable[[ProcessGroup], Coroutine[Any, Any, Any]]
 _T = TypeVar("_T")
 
@@ -254,13 +257,22 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
             are the torch group's ranks).
         portal: the process's loop thread, on which ``group`` lives.
         on_shutdown: called once, with this group, after it is closed.
+        on_new: called with each group :meth:`shrink` makes (before torch
+            destroys this one), so that the loop thread stays while they live.
     """
 
-    def __init__(self, group: ProcessGroup, portal: LoopThread, on_shutdown: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        group: ProcessGroup,
+        portal: LoopThread,
+        on_shutdown: Callable[[Any], None],
+        on_new: Callable[[Any], None] | None = None,
+    ) -> None:
         super().__init__(group.rank, group.size)  # type: ignore[call-arg]  # torch's stub omits its (rank, size) constructor
         self._group = group
         self._portal = portal
         self._on_shutdown: Callable[[Any], None] | None = on_shutdown
+        self._hooks = (on_shutdown, on_new)
         self._torch_name = self._torch_desc = ""
 
     def __repr__(self) -> str:
@@ -287,6 +299,51 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
     def asyncdist_group(self) -> ProcessGroup:
         """The asyncdist group underneath (loop thread only, as its methods are)."""
         return self._group
+
+    # -- shrinking (torch.distributed.shrink_group) --------------------------------
+
+    def _get_backend(self, device: Any) -> Any:  # torch's stub says Backend: see .shrinking
+        """torch's lookup of a group's device backend: this group is its own,
+        for CPU (torch's ``shrink_group`` asks; see :mod:`.shrinking`).
+
+        Raises:
+            InvalidArgumentError: another device type.
+        """
+        if getattr(device, "type", device) != "cpu":
+            raise InvalidArgumentError(f"the asyncdist backend serves CPU tensors, not {device}")
+        return self
+
+    @property
+    def supports_shrinking(self) -> bool:
+        """True: ``torch.distributed.shrink_group`` works on an asyncdist group."""
+        return True
+
+    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts: Any = None) -> AsyncdistProcessGroup:
+        """The backend's part of ``torch.distributed.shrink_group`` (blocking).
+
+        The remaining ranks agree on who is left, the excluded ranks and any
+        lost since included (:meth:`asyncdist.group.process_group.ProcessGroup.shrink`);
+        ``shrink_flags`` 1 (torch's ``SHRINK_ABORT``) revokes the group first.
+
+        Raises:
+            InvalidArgumentError: this rank is among ``ranks_to_exclude``, or ``opts`` were given.
+            RankExcludedError: the other ranks excluded this one.
+        """
+        if opts is not None:
+            raise InvalidArgumentError(f"the asyncdist backend takes no pg_options, got {opts!r}")
+        group = self._group
+
+        async def shrink() -> ProcessGroup:
+            if shrink_flags & _SHRINK_ABORT:
+                await group.revoke()
+            return await group.shrink(exclude=ranks_to_exclude)
+
+        shrunk = self._portal.run(shrink(), what="shrink_group()")
+        on_shutdown, on_new = self._hooks
+        new = AsyncdistProcessGroup(shrunk, self._portal, on_shutdown, on_new)
+        if on_new is not None:
+            on_new(new)
+        return new
 
     # -- lifetime -----------------------------------------------------------------
 

@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import logging
 import socket
+import struct
 from collections import deque
 from typing import Any, Callable
 
@@ -330,6 +331,26 @@ class Connection:
                 self._sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass  # the peer is gone already: reading will say so
+
+    def discard_unread(self) -> None:
+        """Read and drop what the kernel holds from the peer, so that closing
+        sends a FIN after the last frames instead of a reset that could destroy them."""
+        scratch = bytearray(64 * 1024)
+        try:
+            for _ in range(_MAX_READS_PER_EVENT):
+                if self.closed or not self._sock.recv_into(scratch):
+                    return
+        except OSError:
+            return
+
+    def reset(self) -> None:
+        """Close at once with a reset, as the kernel does for a killed process (tests)."""
+        if not self.closed:
+            try:
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+            self.close()
 
     def close(self, error: PeerLostError | None = None) -> None:
         """Close the socket at once; pending sends fail with ``error`` (by

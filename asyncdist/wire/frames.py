@@ -75,6 +75,8 @@ class Kind(IntEnum):
     PING = 4  # heartbeat on an idle stream: nothing to deliver, proves the peer is alive
     REMOTE = 5  # a DATA message whose payload the receiver reads from the sender's memory at ``addr``
     DONE = 6  # the receiver has read the oldest REMOTE payload of this stream; the sender may reuse it
+    REVOKE = 7  # the group of context ``ctx`` is revoked (flooded: each rank forwards it once); tag: who began it
+    AGREE = 8  # fault-tolerant agreement of the group of ``ctx`` (tag: instance, seq: step), or an expulsion notice
 
 
 @dataclass(slots=True)
