@@ -255,9 +255,10 @@ class Engine:
                 except PeerLostError:
                     pass
 
-    def is_lost(self, rank: int) -> bool:
-        """Whether the stream to ``rank`` has ended (it crashed, left, or was expelled)."""
-        return rank in self._losses
+    def is_lost(self, rank: int, *, crashed: bool = False) -> bool:
+        """Whether the stream to ``rank`` has ended: it crashed, was expelled,
+        or (unless ``crashed``) closed its process group in order."""
+        return rank in self._losses and not (crashed and self._losses.left(rank))
 
     def _silent(self, rank: int, error: PeerLostError) -> None:  # the heartbeat's verdict; it may be only paused
         self.faults.expel(rank, f"rank {self.rank} heard nothing from it within the heartbeat timeout", error)
@@ -320,6 +321,8 @@ class Engine:
     def _unreachable(self, rank: int) -> Exception:
         if self.closed:
             return ClosedError(f"rank {self.rank}: the process group is closed")
+        if self.faults.excluded is not None:
+            return self.faults.excluded
         return self._losses.error(rank) or PeerLostError(f"rank {self.rank} has no connection to rank {rank}", rank)
 
     def _peer_lost(self, rank: int, error: PeerLostError, orderly: bool = False) -> None:

@@ -59,6 +59,10 @@ class Losses:
     def __contains__(self, rank: object) -> bool:
         return rank in self._errors
 
+    def left(self, rank: int) -> bool:
+        """Whether ``rank`` said goodbye before its stream ended (an orderly close, not a crash)."""
+        return rank in self._left
+
     def error(self, rank: int) -> PeerLostError | None:
         """The error that ended the stream to ``rank``, if it has ended."""
         return self._errors.get(rank)

@@ -246,7 +246,8 @@ def split_group(
     backend = _runtime.backend if backend is None else _check_backend(backend)
     parent = _group(parent_pg)
     if parent is None or parent.rank < 0:
-        raise InvalidArgumentError(f"Global rank {world.engine.rank} is not part of the parent group {parent_pg!r}")
+        name = parent.name if parent is not None else "NON_GROUP_MEMBER"
+        raise InvalidArgumentError(f"Global rank {world.engine.rank} is not part of the parent group {name!r}")
     parts = [list(ranks) for ranks in split_ranks]
 
     def create() -> ProcessGroup | None:

@@ -105,7 +105,7 @@ def _checked(ranks: list[int] | None, target: ProcessGroup) -> list[int]:
     if ranks is None:
         return target.failed_ranks()
     if not isinstance(ranks, list):
-        raise InvalidArgumentError(f"ranks_to_exclude must be a list, but got {type(ranks).__name__}")
+        raise InvalidArgumentError(f"ranks_to_exclude must be a list of group ranks, but got {ranks!r}")
     seen: set[int] = set()
     for i, rank in enumerate(ranks):
         if type(rank) is not int or not 0 <= rank < target.size:

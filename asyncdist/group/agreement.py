@@ -112,9 +112,10 @@ class Agreement:
         """Stop watching losses (the group is closed)."""
         self._stop()
 
-    def failed(self) -> set[int]:
-        """The members (global ranks) this rank knows lost."""
-        return {r for r in self._members.ranks if self._engine.is_lost(r)}
+    def failed(self, *, crashed: bool = False) -> set[int]:
+        """The members (global ranks) this rank knows lost; with ``crashed``,
+        not those that closed their process group in order."""
+        return {r for r in self._members.ranks if self._engine.is_lost(r, crashed=crashed)}
 
     def peek_number(self) -> int:
         """The number this rank's next instance will take."""
@@ -150,11 +151,13 @@ class Agreement:
         m = self._members
         live = [r for r in m.ranks if r not in self.failed() and r != m.me]
         missing = [m.group_rank(r) for r in live if r not in inst.states]
-        waiting = f"the decision of rank {m.group_rank(inst.sent_to)}" if inst.sent_to >= 0 else (
-            f"the state of {m.who(missing)}" if missing else "nothing")
+        where = f"rank {m.me}: {what} (agreement #{inst.k} of group {m.name!r})"
+        if inst.sent_to >= 0:
+            return OperationTimeoutError(
+                f"{where} did not complete within {timeout:g} s; waiting for the decision of rank "
+                f"{m.group_rank(inst.sent_to)}")
         return OperationTimeoutError(
-            f"rank {m.me}: {what} (agreement #{inst.k} of group {m.name!r}) did not complete within "
-            f"{timeout:g} s; waiting for {waiting}")
+            f"{where} did not complete within {timeout:g} s; waiting for the state of {m.who(missing)}")
 
     # -- the protocol ------------------------------------------------------------------
 
@@ -197,20 +200,20 @@ class Agreement:
         self._decided[k] = decision
         while len(self._decided) > _REMEMBERED:
             self._decided.popitem(last=False)
-        if not self._merge(decision.failed, "agreement") and not inst.future.done():
+        if not self._merge(decision.failed) and not inst.future.done():
             inst.future.set_result(decision)
 
-    def _merge(self, failed: Iterable[int], source: str) -> bool:
+    def _merge(self, failed: Iterable[int]) -> bool:
         """Count ``failed`` as failed here too: expel those still connected.
         True if it names this rank (which is then excluded)."""
         m = self._members
         faults = self._engine.faults
         for r in failed:
             if r == m.me:
-                faults.exclude(f"rank {m.me} was counted as failed by the {source} of group {m.name!r}")
+                faults.exclude(f"rank {m.me} was counted as failed by the agreement of group {m.name!r}")
                 return True
             if r in m.others and not self._engine.is_lost(r):
-                faults.expel(r, f"the {source} of group {m.name!r} counted it as failed")
+                faults.expel(r, f"the agreement of group {m.name!r} counted it as failed")
         return False
 
     # -- arrivals ------------------------------------------------------------------------
@@ -245,7 +248,7 @@ class Agreement:
             # that adopts an earlier one's decision passes it on.
             self._finish(inst, decided, [r for r in inst.states if r != src])
             return
-        if self._merge(failed, f"state of rank {src} in the agreement"):
+        if self._merge(failed):
             return
         if header.seq == STATE:
             inst.states[src] = flag

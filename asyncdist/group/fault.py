@@ -65,8 +65,10 @@ class FaultTolerance(Generic[G]):
 
     def failed_ranks(self) -> list[int]:
         """The group ranks known lost: those the last agreement counted as
-        failed, and those this rank has seen lost since, sorted."""
-        lost = self._agreed_failed | self.agreement.failed()
+        failed, and those this rank has seen crash or be expelled since, sorted
+        (a member that closed its group in order, as at the end of a job, has
+        not failed; an agreement still counts it out, since it cannot take part)."""
+        lost = self._agreed_failed | self.agreement.failed(crashed=True)
         return sorted(self._members.group_rank(r) for r in lost)
 
     async def revoke(self) -> None:
@@ -135,8 +137,10 @@ class FaultTolerance(Generic[G]):
         if self.revoked is not None:
             return
         m = self._members
-        where = "here" if by == m.me else f"by rank {by}"
-        self.revoked = GroupRevokedError(f"rank {m.me}: group {m.name!r} was revoked {where}", by)
+        if by == m.me:
+            self.revoked = GroupRevokedError(f"rank {m.me}: group {m.name!r} was revoked here", by)
+        else:
+            self.revoked = GroupRevokedError(f"rank {m.me}: group {m.name!r} was revoked by rank {by}", by)
         frame = Header(Kind.REVOKE, self._ctx, m.me, by, 0, "uint8", (), 0)
         for r in m.others:  # first, so that it overtakes the ABORTs of the calls it fails
             self._engine.faults.send(r, frame)

@@ -100,7 +100,7 @@ class Admission:
 
 
 async def _claim(group: ProcessGroup, first_id: int, at_least: int, deadline: float) -> list[list[Any]]:
-    """The leader's part: the newcomers as ``[id, host, port]``, refusals answered."""
+    """The leader's part: the newcomers as ``[id, host, port, slot]``, refusals answered."""
     engine, store = group.engine, group.store
     newcomers: list[list[Any]] = []
     refusals: dict[int, dict[str, Any]] = {}
@@ -109,9 +109,8 @@ async def _claim(group: ProcessGroup, first_id: int, at_least: int, deadline: fl
             newcomers.append([first_id + len(newcomers), registration.host, registration.port, slot])
         else:
             refusals[slot] = {"refused": (
-                f"rank {engine.rank} of group {group.name!r} refused a joining process ({registration.who}): its "
-                "registration was not "
-                "made with this job's secret (is its ASYNCDIST_SECRET not the job's?)")}
+                f"rank {engine.rank} of group {group.name!r} refused a joining process ({registration.who}): "
+                "its registration was not made with this job's secret (is its ASYNCDIST_SECRET not the job's?)")}
     await joins.answer(store, refusals)
     return newcomers
 

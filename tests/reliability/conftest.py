@@ -38,11 +38,13 @@ class RankJob:
         wrap: a command to run each rank under (``ip netns exec NS``), by rank.
         master: the address the ranks find the store at.
         serve_store: serve the store here (else rank 0 serves it, as under env://).
+        script: the rank program (default ``rank_main.py``).
     """
 
     def __init__(self, n: int, argv: Sequence[str], *, env: dict[str, str] | None = None,
                  wrap: Sequence[Sequence[str]] | None = None, master: str = "127.0.0.1",
-                 serve_store: bool = True, rank_env: Sequence[dict[str, str]] | None = None) -> None:
+                 serve_store: bool = True, rank_env: Sequence[dict[str, str]] | None = None,
+                 script: Path = RANK_MAIN) -> None:
         self.n = n
         self.secret = secrets.token_hex(16)
         self.store = None
@@ -67,7 +69,7 @@ class RankJob:
         self.procs: list[subprocess.Popen] = []
         self._readers: list[threading.Thread] = []
         for rank in range(n):
-            cmd = [*(wrap[rank] if wrap else ()), sys.executable, str(RANK_MAIN), *argv]
+            cmd = [*(wrap[rank] if wrap else ()), sys.executable, str(script), *argv]
             env_r = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **(rank_env[rank] if rank_env else {})}
             proc = subprocess.Popen(cmd, env=env_r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             self.procs.append(proc)
