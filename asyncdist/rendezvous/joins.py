@@ -8,9 +8,11 @@ those of :mod:`asyncdist.group.bootstrap`:
 * ``join/slot/<i>`` (i = 1, 2, ...): one waiting process's
   :class:`Registration`; a joiner takes the first free slot with
   compare-and-set, so two joiners at once take two slots and none is lost;
-* ``join/next``: the first slot that no grow has examined yet (written by the
-  member that leads a grow, so that the next leader, whichever rank it is,
-  starts there);
+* ``join/slot/<i>/claimed``: taken (compare-and-set) by the member that leads
+  the grow that admits or refuses slot i, so that no two grows take one process;
+* ``join/next``: where the next grow starts looking (written by the leader of
+  a grow, so that the next leader, whichever rank it is, skips the slots
+  examined before);
 * ``join/slot/<i>/verdict``: the grow's answer to that slot, JSON: either
   ``{"admitted": {...}}`` (the new group, see
   :mod:`asyncdist.group.growth`) or ``{"refused": "<why>"}``.
@@ -43,6 +45,7 @@ __all__ = ["Registration", "register", "wait_verdict", "claim", "answer", "JOIN_
 
 _SLOT = "join/slot/{}"
 _VERDICT = "join/slot/{}/verdict"
+_CLAIM = "join/slot/{}/claimed"
 _NEXT = "join/next"
 #: How often a grow that must wait for joiners (``min_joiners``) looks for a
 #: new registration, and how often a joiner looks for its verdict between
@@ -123,32 +126,37 @@ async def wait_verdict(store: Store, slot: int, deadline: float, what: str) -> d
 
 
 async def claim(store: Store, at_least: int, deadline: float) -> list[tuple[int, Registration]]:
-    """Take the registrations no grow has examined yet, oldest first, waiting
+    """Claim the registrations no grow has claimed yet, oldest first, waiting
     until there are ``at_least`` of them (or ``deadline``, time.monotonic,
-    passes); the next grow starts after them. One member claims at a time
-    (the leader of a grow).
+    passes). Each slot is claimed with compare-and-set, so two grows at once
+    (of two groups) never admit one process twice.
 
     Raises:
-        RendezvousError: fewer than ``at_least`` by the deadline.
+        RendezvousError: fewer than ``at_least`` by the deadline (what was
+            claimed is released, for the next grow).
     """
-    first = int((await store.async_compare_set(_NEXT, "", "1")).decode())
+    token = uuid.uuid4().hex
+    slot = int((await store.async_compare_set(_NEXT, "", "1")).decode())
     found: list[tuple[int, Registration]] = []
     while True:
-        key = _SLOT.format(first + len(found))
+        key = _SLOT.format(slot)
         if await store.async_check([key]):
-            found.append((first + len(found), Registration.decode(await store.async_get(key))))
+            if (await store.async_compare_set(_CLAIM.format(slot), "", token)).decode() == token:
+                found.append((slot, Registration.decode(await store.async_get(key))))
+            slot += 1
             continue
         if len(found) >= at_least:
             break
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            for taken, _ in found:
+                await store.async_delete_key(_CLAIM.format(taken))
             raise RendezvousError(f"grow: waited for {at_least} process(es) to join, {len(found)} came in time")
         try:
             await store.async_wait([key], min(remaining, JOIN_POLL_SECONDS))
         except StoreTimeoutError:
             pass
-    if found:
-        await store.async_set(_NEXT, str(first + len(found)))
+    await store.async_set(_NEXT, str(slot))  # where the next grow starts looking (claims decide)
     return found
 
 
