@@ -22,7 +22,7 @@ from ..timeouts import as_seconds
 from .process_group import ProcessGroup
 from .bootstrap import ABORT_LINGER_SECONDS, bootstrap, refuse, whoami
 from .joining import join as join_running
-from ..errors import RendezvousError
+from ..errors import InvalidArgumentError, RendezvousError
 from ..rendezvous.init_method import resolve
 from ..rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
 from ..transport.heartbeat import HeartbeatConfig
@@ -69,14 +69,17 @@ async def init_world(
             and :func:`asyncdist.group.bootstrap.bootstrap`.
         InvalidRankError: ``rank`` is negative or not below ``world_size``
             (the other ranks, told through the store, raise RendezvousError).
-        InvalidArgumentError: a bad heartbeat setting.
+        InvalidArgumentError: a bad heartbeat setting, or ``join`` with a rank or world size.
     """
     seconds = as_seconds(timeout, default=DEFAULT_TIMEOUT.total_seconds(), what="init_world: timeout")
     if heartbeat is None:  # read now: a bad setting fails before the rendezvous, not in it
         heartbeat = HeartbeatConfig.from_env()
     loop = asyncio.get_running_loop()
-    if join:  # a client of the job's store; its rank comes from the grow
-        rank, world_size = 1, 2
+    if join:
+        if rank != -1 or world_size != -1:
+            raise InvalidArgumentError(f"init_world: a joining process gets its rank from the running job's grow(); "
+                                       f"give no rank or world_size (got rank={rank}, world_size={world_size})")
+        rank, world_size = 1, 2  # for resolve(): any rank but 0 is a client of the job's store
     plan = await loop.run_in_executor(
         STORE_EXECUTOR,
         lambda: resolve(init_method, rank=rank, world_size=world_size, store=store, timeout=seconds),
@@ -101,7 +104,7 @@ async def init_world(
             )
     except BaseException as exc:
         if plan.owns_store:
-            if isinstance(exc, RendezvousError) and plan.rank == 0 and not join:  # rank 0 may serve the store the others read
+            if isinstance(exc, RendezvousError) and plan.rank == 0 and not join:  # it may serve the others' store
                 await asyncio.sleep(ABORT_LINGER_SECONDS)
             plan.store.close()
         raise

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import asyncdist
-from asyncdist.errors import RendezvousError
+from asyncdist.errors import InvalidArgumentError, RendezvousError
 from asyncdist.group.process_group import ProcessGroup
 from asyncdist.rendezvous import joins
 from asyncdist.rendezvous.hash_store import HashStore
@@ -136,3 +136,11 @@ async def test_an_admitted_process_that_never_connects_fails_the_grow_in_time() 
     finally:
         await asyncio.gather(*(w.close() for w in worlds))
         store.close()
+
+
+async def test_a_joiner_given_a_rank_is_refused_before_anything_is_sent() -> None:
+    store = HashStore()
+    with pytest.raises(InvalidArgumentError, match=r"give no rank or world_size \(got rank=1, world_size=-1\)"):
+        await asyncdist.init_world(store=store, join=True, rank=1)
+    assert store.num_keys() == 0
+    store.close()
