@@ -5,7 +5,8 @@ the grown group is the same on every process, newcomers take the next ranks,
 and its collectives give the values NumPy computes from the inputs. A grow
 with nobody waiting returns the group itself; a joiner with another secret
 is refused and raises, saying why; two joiners at once both get in; an
-admitted process that never connects fails the grow in time, not in a hang.
+admitted process that never connects fails the grow in time, not in a hang;
+grow and shrink compose both ways.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from asyncdist.group.process_group import ProcessGroup
 from asyncdist.rendezvous import joins
 from asyncdist.rendezvous.hash_store import HashStore
 from asyncdist.rendezvous.store import PrefixStore
+from asyncdist.testing import crash
 
 WAIT = 20.0  # seconds; only a broken grow ever waits this long
 
@@ -144,3 +146,28 @@ async def test_a_joiner_given_a_rank_is_refused_before_anything_is_sent() -> Non
         await asyncdist.init_world(store=store, join=True, rank=1)
     assert store.num_keys() == 0
     store.close()
+
+
+async def test_shrink_after_a_crash_then_grow_then_shrink_again() -> None:
+    """Grow composes with shrink both ways: the shrunk group grows, the grown one shrinks."""
+    store = HashStore()
+    worlds = await _world(store, 3)
+    everyone: list[ProcessGroup] = list(worlds)
+    try:
+        crash(worlds[1])
+        survivors = list(await asyncio.gather(worlds[0].shrink(), worlds[2].shrink()))
+        assert [g.ranks for g in survivors] == [(0, 2), (0, 2)]
+        joiner = asyncio.ensure_future(asyncdist.init_world(store=store, join=True, timeout=WAIT))
+        grown = [*await asyncio.gather(*(g.grow(min_joiners=1) for g in survivors)), await joiner]
+        everyone += grown
+        assert [(g.rank, g.ranks) for g in grown] == [(r, (0, 2, 3)) for r in range(3)]
+        await _check_all_reduce(grown)
+
+        crash(grown[1])  # global rank 2, a survivor of the first loss
+        again = list(await asyncio.gather(grown[0].shrink(), grown[2].shrink()))
+        assert [(g.rank, g.ranks) for g in again] == [(0, (0, 3)), (1, (0, 3))]
+        everyone += again
+        await _check_all_reduce(again)
+    finally:
+        await asyncio.gather(*(g.close() for g in everyone), return_exceptions=True)
+        store.close()
