@@ -77,13 +77,13 @@ class Engine:
         self.world_size = me.world_size
         self._max_payload = max_payload
         self._mailbox = Mailbox(me.rank)
-        #: Control frames of groups, loss watchers, exclusion, revoked contexts (:mod:`.faults`).
         self._crashed = False
         self._connections: dict[int, Connection] = {}
         self._losses = Losses()
         self._inboxes: dict[int, PeerInbox] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mesh = Mesh(me, handshake_timeout=handshake_timeout, attach=self._attach, wanted=self._wants)
+        #: Control frames of groups, loss watchers, exclusion, revoked contexts (:mod:`.faults`).
         self.faults = Faults(me.rank, self._mailbox, self._connections, self._peer_lost)
         self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._silent)
         self._arrival: asyncio.Future | None = None  # set by the next connection attached
@@ -109,13 +109,9 @@ class Engine:
     async def connect(
         self, addresses: Mapping[int, tuple[str, int]], timeout: float, peers: Iterable[int] | None = None
     ) -> None:
-        """Dial the lower ranks of ``peers`` (None: the job's) at ``addresses``, and
-        wait until the higher ones dialed in.
-
-        Raises:
-            RendezvousError: not all peers connected within ``timeout`` seconds.
-            PeerLostError, HandshakeError: a lower rank could not be reached.
-        """
+        """Dial the lower ranks of ``peers`` (None: the job's) at ``addresses``; wait
+        until the higher ones dialed in. Raises RendezvousError after ``timeout`` s,
+        PeerLostError or HandshakeError when a lower rank cannot be reached."""
         wanted = set(range(self.world_size) if peers is None else peers) - {self.rank}
 
         async def arrived() -> None:
@@ -178,9 +174,10 @@ class Engine:
         connection = self._connections.get(dst)
         if connection is None:
             raise self._unreachable(dst)
-        refused = self.faults.send_error(header.ctx)
-        if refused is not None:
-            raise refused
+        if self.faults.refusing:  # an attribute test per message; the rest only after a revoke
+            refused = self.faults.send_error(header.ctx)
+            if refused is not None:
+                raise refused
         return connection.send_message(header, payload)
 
     def post_recv(

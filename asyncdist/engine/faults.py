@@ -59,6 +59,8 @@ class Faults:
     Attributes:
         excluded: the error this rank's operations fail with once another rank
             expelled it, else None.
+        refusing: True once some sends may be refused (a context revoked, or
+            this rank excluded): the engine's one test per message.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Faults:
         self._watchers: list[Callable[[int], None]] = []
         self._revoked: dict[int, AsyncDistError] = {}
         self.excluded: RankExcludedError | None = None
+        self.refusing = False
 
     # -- control frames -----------------------------------------------------------
 
@@ -160,6 +163,7 @@ class Faults:
         if self.excluded is not None:
             return
         self.excluded = RankExcludedError(message)
+        self.refusing = True
         self._mailbox.fail_all(self.excluded)
         self.lost(self.rank)
 
@@ -168,6 +172,7 @@ class Faults:
     def revoke(self, ctx: int, error: AsyncDistError) -> None:
         """Fail every receive and send of context ``ctx`` with ``error``, now and later."""
         self._revoked.setdefault(ctx, error)
+        self.refusing = True
         self._mailbox.revoke(ctx, error)
 
     def send_error(self, ctx: int) -> AsyncDistError | None:

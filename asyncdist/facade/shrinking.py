@@ -62,8 +62,8 @@ def shrink_group(
         The new group (for the default group: the new default group).
 
     Raises:
-        InvalidArgumentError: a bad flag, a rank out of range or repeated,
-            every rank excluded, a group of one rank, ``group`` this rank is
+        InvalidArgumentError: a bad flag, an empty list, a rank out of range
+            or repeated, every rank excluded, a group of one rank, ``group`` this rank is
             not in; or this rank is in ``ranks_to_exclude`` (torch's
             RuntimeError: an InvalidArgumentError is a RuntimeError too).
         RankExcludedError: the other ranks excluded this one.
@@ -106,6 +106,9 @@ def _checked(ranks: list[int] | None, target: ProcessGroup) -> list[int]:
         return target.failed_ranks()
     if not isinstance(ranks, list):
         raise InvalidArgumentError(f"ranks_to_exclude must be a list of group ranks, but got {ranks!r}")
+    if not ranks:
+        raise InvalidArgumentError(
+            "ranks_to_exclude cannot be empty; leave it out (None) to exclude the ranks known to be lost")
     seen: set[int] = set()
     for i, rank in enumerate(ranks):
         if type(rank) is not int or not 0 <= rank < target.size:

@@ -22,9 +22,11 @@ outside MPI matching, so it works on a revoked group.
 * A rank that has decided instance k remembers the decision and answers
   any later STATE or QUERY for k with it. A coordinator that is not the
   group's rank 0 (an earlier one may have decided and died during its
-  broadcast) first QUERYs every member it has no STATE from, and adopts a
-  decision any of them reports. So a coordinator that dies after a partial
-  broadcast cannot cause two decisions among the live.
+  broadcast) first QUERYs every member it has no STATE from; a decision
+  any of them reports is adopted and passed on to the members waiting on
+  this rank. So a coordinator that dies after a partial broadcast cannot
+  cause two decisions among the live.
+* Members call instances in the same order, one at a time per group.
 * A member that reads a decision, or a failed set, that names itself is
   excluded (:class:`~asyncdist.errors.RankExcludedError`).
 
@@ -44,7 +46,7 @@ from typing import Iterable
 
 from ..engine.channel import wait_until
 from ..engine.engine import Engine
-from ..errors import OperationTimeoutError
+from ..errors import ClosedError, InvalidArgumentError, OperationTimeoutError
 from ..wire.frames import Header, Kind
 from .members import Members
 
@@ -118,24 +120,26 @@ class Agreement:
         return {r for r in self._members.ranks if self._engine.is_lost(r, crashed=crashed)}
 
     def peek_number(self) -> int:
-        """The number this rank's next instance will take."""
+        """The number this rank's next instance will take (members number them in the same order)."""
         return self._next
 
-    def take_number(self) -> int:
-        """Number this rank's next instance (every member numbers in the same order)."""
-        k, self._next = self._next, self._next + 1
-        return k
-
-    async def run(self, k: int, flag: int, timeout: float, what: str) -> Decision:
-        """Take part in instance ``k`` with ``flag``; return its decision.
+    async def run(self, flag: int, timeout: float, what: str) -> Decision:
+        """Take part in this rank's next instance with ``flag``; return its decision.
 
         Raises:
             RankExcludedError: the others count this rank as failed.
             OperationTimeoutError: no decision within ``timeout`` seconds.
+            InvalidArgumentError: another agreement of the group is under way here.
+            ClosedError: the engine closed meanwhile.
         """
         excluded = self._engine.faults.excluded
         if excluded is not None:
             raise excluded
+        if self._current is not None:
+            raise InvalidArgumentError(
+                f"rank {self._members.me}: {what} on group {self._members.name!r} while agreement "
+                f"#{self._current.k} is under way: call agree and shrink one at a time")
+        k, self._next = self._next, self._next + 1
         loop = asyncio.get_running_loop()
         inst = self._current = _Instance(k, flag, loop.create_future())
         try:
@@ -262,8 +266,9 @@ class Agreement:
         if inst is None or inst.future.done():
             return
         excluded = self._engine.faults.excluded
-        if excluded is not None:
-            inst.future.set_exception(excluded)
+        if excluded is not None or self._engine.closed:
+            closed = ClosedError(f"rank {self._members.me}: the process group was destroyed")
+            inst.future.set_exception(excluded or closed)
             inst.future.exception()
         elif rank in self._members.others:
             asyncio.get_running_loop().call_soon(self._progress)

@@ -167,9 +167,10 @@ class Calls:
             GroupRevokedError: the group was revoked.
         """
         self.members.check_member()
-        revoked = self.engine.faults.revoked(self.collective_context)
-        if revoked is not None:
-            raise revoked
+        if self.engine.faults.refusing:  # an attribute test per call; the lookup only after a revoke
+            revoked = self.engine.faults.revoked(self.collective_context)
+            if revoked is not None:
+                raise revoked
         # A message of a call that this rank has closed, and that no receive
         # took, means the ranks disagreed about that call. Calls still open
         # here (numbered, not finished) may legitimately have early messages.

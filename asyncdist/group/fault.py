@@ -38,6 +38,8 @@ from .contexts import derived_contexts
 __all__ = ["FaultTolerance"]
 
 G = TypeVar("G")
+
+
 class FaultTolerance(Generic[G]):
     """Revoke, agree and shrink for one group.
 
@@ -126,7 +128,7 @@ class FaultTolerance(Generic[G]):
     async def _decide(self, flag: int, timeout: timedelta | float | None, what: str) -> Decision:
         self._members.check_member()
         seconds = as_seconds(timeout, default=self._calls.timeout, what=f"{what.split('(')[0]}: timeout")
-        decision = await self.agreement.run(self.agreement.take_number(), flag, seconds, what)
+        decision = await self.agreement.run(flag, seconds, what)
         self._agreed_failed = decision.failed
         return decision
 

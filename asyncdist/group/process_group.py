@@ -324,8 +324,8 @@ class ProcessGroup:
     # -- fault tolerance (see asyncdist.group.fault) ---------------------------------------
 
     def failed_ranks(self) -> list[int]:
-        """The group ranks known lost, sorted: those the last ``agree`` or
-        ``shrink`` counted as failed, and those this rank has seen lost since."""
+        """The group ranks known lost, sorted: those the last ``agree`` or ``shrink``
+        counted as failed, and those this rank has seen crash or be expelled since."""
         return self.faults.failed_ranks()
 
     async def revoke(self) -> None:

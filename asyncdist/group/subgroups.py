@@ -15,6 +15,10 @@ a subgroup only forgets it (the sockets belong to the engine).
 :meth:`Subgroups.split` is MPI's ``MPI_Comm_split``: the one way to make
 groups that needs communication (every rank learns the others' colours), and
 so the one that non-members need not agree on in advance.
+
+:meth:`Subgroups.split_off` is torch's ``split_group``: only the parent's
+members call it, so its groups derive their contexts from the parent's
+(:mod:`.contexts`) instead of taking them from the engine's counter.
 """
 
 from __future__ import annotations
@@ -115,7 +119,8 @@ class Subgroups(Generic[G]):
         m = self._members
         seconds = as_seconds(timeout, default=self._calls.timeout, what="split_group: timeout")
         contexts = derived_contexts(self._calls.collective_context, f"split{self._splits}/{mine}")
-        child = self._make([m.ranks[r] for r in sorted(parts[mine])], name or f"{m.name}/split{self._splits}", seconds, contexts)
+        ranks = [m.ranks[r] for r in sorted(parts[mine])]
+        child = self._make(ranks, name or f"{m.name}/split{self._splits}", seconds, contexts)
         self.keep(child)
         return child
 

@@ -34,6 +34,8 @@ def shrink_the_default_group() -> dict:
         dist.shrink_group([rank])
     with pytest.raises(dist.errors.InvalidArgumentError, match="Duplicate rank 3"):
         dist.shrink_group([3, 3])
+    with pytest.raises(dist.errors.InvalidArgumentError, match="ranks_to_exclude cannot be empty"):
+        dist.shrink_group([])
     new = dist.shrink_group()  # the ranks known lost: rank 3
     x = np.array([float(rank + 1)])
     dist.all_reduce(x)

@@ -208,3 +208,23 @@ async def test_an_agreement_that_cannot_finish_says_whom_it_waits_for() -> None:
             await ranks[0].agree(1, timeout=0.2)
         with pytest.raises(OperationTimeoutError, match="waiting for the decision of rank 0"):
             await ranks[1].shrink(timeout=0.2)
+
+
+async def test_two_agreements_at_once_on_one_rank_are_refused() -> None:
+    async with local_world(2) as ranks:
+        first = asyncio.ensure_future(ranks[0].agree(1))
+        await asyncio.sleep(0)  # the first is under way
+        with pytest.raises(InvalidArgumentError, match="while agreement #0 is under way"):
+            await ranks[0].agree(1)
+        assert await asyncio.gather(first, ranks[1].agree(3)) == [1, 1]
+
+
+async def test_a_reset_that_comes_with_a_dead_ranks_last_frames_is_seen_at_once() -> None:
+    # The last frame and the reset arrive together; on uvloop the loop reports
+    # that socket's readiness once (see asyncdist.transport.stream).
+    async with local_world(2) as ranks:
+        ranks[1].isend(np.ones(1), dst=0)
+        crash(ranks[1])
+        with pytest.raises(PeerLostError, match="rank 1"):
+            await asyncio.wait_for(ranks[0].recv(np.zeros(1), src=1, tag=5), 3)
+        await ranks[1].engine.close()

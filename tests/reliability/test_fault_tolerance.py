@@ -45,12 +45,18 @@ def test_sigkill_survivors_shrink_and_go_on(rank_job, victim: int) -> None:
           + ", ".join(f"rank {r} {t * 1000:.0f} ms" for r, t in sorted(took.items())))
 
 
-def test_a_rank_paused_within_the_heartbeat_timeout_is_kept(rank_job) -> None:
-    env = {"ASYNCDIST_HEARTBEAT_INTERVAL": "0.5", "ASYNCDIST_HEARTBEAT_TIMEOUT": "3"}
-    job = rank_job(3, ["100", "10"], script=FT_MAIN, env=env)
+def _paused(rank_job, interval: str, timeout: str, rounds: str):
+    """Three ranks with these heartbeat settings, rank 1 stopped as the rounds begin."""
+    env = {"ASYNCDIST_HEARTBEAT_INTERVAL": interval, "ASYNCDIST_HEARTBEAT_TIMEOUT": timeout}
+    job = rank_job(3, [rounds, "10"], script=FT_MAIN, env=env)
     _ready(job)
     job.signal(1, signal.SIGSTOP)
     job.set("go")
+    return job
+
+
+def test_a_rank_paused_within_the_heartbeat_timeout_is_kept(rank_job) -> None:
+    job = _paused(rank_job, "0.5", "3", "100")
     time.sleep(1.0)  # the pause itself: a third of the heartbeat timeout
     job.signal(1, signal.SIGCONT)
     for rank in range(3):
@@ -59,11 +65,7 @@ def test_a_rank_paused_within_the_heartbeat_timeout_is_kept(rank_job) -> None:
 
 
 def test_a_rank_paused_past_the_heartbeat_timeout_is_dropped_and_told(rank_job) -> None:
-    env = {"ASYNCDIST_HEARTBEAT_INTERVAL": "0.25", "ASYNCDIST_HEARTBEAT_TIMEOUT": "1"}
-    job = rank_job(3, ["0", "10"], script=FT_MAIN, env=env)
-    _ready(job)
-    job.signal(1, signal.SIGSTOP)
-    job.set("go")
+    job = _paused(rank_job, "0.25", "1", "0")
     for rank in (0, 2):
         assert job.next_event(rank, ["shrunk"])["ranks"] == [0, 2]
         done = job.next_event(rank, ["done"])
