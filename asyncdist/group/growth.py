@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..errors import AsyncDistError, InvalidArgumentError, RendezvousError
 from ..reduce.op import ReduceOp
 from ..rendezvous import joins
 from ..timeouts import as_seconds
@@ -178,8 +178,13 @@ async def grow(group: ProcessGroup, *, timeout: timedelta | float | None = None,
     first_id, context = int(agreed[0]), int(agreed[1])
     plan: list[Any] = [None]
     if group.rank == 0:
-        plan[0] = await _claim(group, first_id, min_joiners, deadline)
+        try:
+            plan[0] = await _claim(group, first_id, min_joiners, deadline)
+        except AsyncDistError as exc:  # told to the others, who wait in the broadcast
+            plan[0] = f"rank {engine.rank} (the grow's leader): {exc}"
     await group.broadcast_object_list(plan, src=0)
+    if isinstance(plan[0], str):
+        raise RendezvousError(plan[0])
     newcomers: list[list[Any]] = plan[0]
     if not newcomers:
         return group

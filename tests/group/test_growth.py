@@ -171,3 +171,19 @@ async def test_shrink_after_a_crash_then_grow_then_shrink_again() -> None:
     finally:
         await asyncio.gather(*(g.close() for g in everyone), return_exceptions=True)
         store.close()
+
+
+async def test_too_few_joiners_fail_the_grow_on_every_member_in_time() -> None:
+    store = HashStore()
+    worlds = await _world(store, 3)
+    try:
+        start = time.monotonic()
+        results = await asyncio.gather(*(w.grow(min_joiners=1, timeout=0.5) for w in worlds), return_exceptions=True)
+        assert time.monotonic() - start < 5.0
+        for result in results:
+            assert isinstance(result, RendezvousError)
+            assert str(result) == "rank 0 (the grow's leader): grow: waited for 1 process(es) to join, 0 came in time"
+        await _check_all_reduce(worlds)
+    finally:
+        await asyncio.gather(*(w.close() for w in worlds))
+        store.close()
