@@ -56,7 +56,7 @@ from .facade.groups import (
     new_subgroups_by_enumeration,
     split_group,
 )
-from .facade.shrinking import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group
+from .facade.faults import SHRINK_ABORT, SHRINK_DEFAULT, agree, failed_ranks, revoke, shrink_group
 from .facade.objects import (
     all_gather_object,
     broadcast_object_list,
@@ -174,6 +174,9 @@ __all__ = [
     "split_group",
     "grow_group",
     "shrink_group",
+    "agree",
+    "revoke",
+    "failed_ranks",
     "SHRINK_DEFAULT",
     "SHRINK_ABORT",
     "get_backend_config",

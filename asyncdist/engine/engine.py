@@ -77,7 +77,6 @@ class Engine:
         self.world_size = me.world_size
         self._max_payload = max_payload
         self._mailbox = Mailbox(me.rank)
-        self._crashed = False
         self._connections: dict[int, Connection] = {}
         self._losses = Losses()
         self._inboxes: dict[int, PeerInbox] = {}
@@ -253,24 +252,11 @@ class Engine:
                     pass
 
     def is_lost(self, rank: int, *, crashed: bool = False) -> bool:
-        """Whether the stream to ``rank`` has ended: it crashed, was expelled,
-        or (unless ``crashed``) closed its process group in order."""
+        """Whether ``rank`` crashed or was expelled, or (unless ``crashed``) left in order."""
         return rank in self._losses and not (crashed and self._losses.left(rank))
 
     def _silent(self, rank: int, error: PeerLostError) -> None:  # the heartbeat's verdict; it may be only paused
         self.faults.expel(rank, f"rank {self.rank} heard nothing from it within the heartbeat timeout", error)
-
-    def crash(self) -> None:
-        """Drop every connection at once with a reset, saying nothing: what the
-        kernel does to the sockets of a process killed by SIGKILL (for
-        fault-injection tests). :meth:`close` afterwards only releases the rest."""
-        if self.closed:
-            return
-        self.closed = self._crashed = True
-        self._mailbox.fail_all(ClosedError(f"rank {self.rank}: the process crashed"))
-        for connection in self._connections.values():
-            connection.reset()
-        self._connections.clear()
 
     def cancel_recv(self, recv: PostedRecv) -> bool:
         """Withdraw a receive that has not matched yet; True if it was withdrawn."""
@@ -367,10 +353,6 @@ class Engine:
 
         Receives still waiting fail with :class:`ClosedError`.
         """
-        if self._crashed:
-            self._crashed = False
-            await self._heartbeat.stop()
-            await self._mesh.close()
         if self.closed:
             return
         self.closed = True

@@ -25,9 +25,9 @@ Loop thread only; no sockets here (the engine sends the frames).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
-from ..errors import AsyncDistError, PeerLostError, RankExcludedError
+from ..errors import AsyncDistError, ClosedError, PeerLostError, RankExcludedError
 from ..wire.frames import Header, Kind, encode_header
 from .mailbox import Mailbox
 
@@ -53,7 +53,7 @@ class Faults:
     Args:
         rank: this rank.
         mailbox: its mailbox (failed wholesale on exclusion, by context on revoke).
-        connections: the engine's live map of peer rank to connection (read only).
+        connections: the engine's live map of peer rank to connection (emptied only by :meth:`crash`).
         lose: the engine's way to drop a peer: fail what depends on it, close its stream.
 
     Attributes:
@@ -67,7 +67,7 @@ class Faults:
         self,
         rank: int,
         mailbox: Mailbox,
-        connections: Mapping[int, Connection],
+        connections: dict[int, Connection],
         lose: Callable[[int, PeerLostError], None],
     ) -> None:
         self.rank = rank
@@ -166,6 +166,15 @@ class Faults:
         self.refusing = True
         self._mailbox.fail_all(self.excluded)
         self.lost(self.rank)
+
+    def crash(self) -> None:
+        """Reset every connection at once, saying nothing: what the kernel does
+        to the sockets of a process killed by SIGKILL (fault-injection tests;
+        ``asyncdist.testing.crash``). The engine's ``close`` releases the rest."""
+        self._mailbox.fail_all(ClosedError(f"rank {self.rank}: the process crashed"))
+        for connection in self._connections.values():
+            connection.reset()
+        self._connections.clear()
 
     # -- revoked contexts -----------------------------------------------------------
 

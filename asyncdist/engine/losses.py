@@ -29,6 +29,8 @@ def goodbye(rank: int, signum: int) -> str:
     """How a peer's BYE reads: why it left, when its tag names a signal."""
     if signum == signal.SIGINT:
         return f"rank {rank} was interrupted (SIGINT)"
+    if signum == signal.SIGTERM:
+        return f"rank {rank} was terminated (SIGTERM)"
     if signum:
         try:
             name = signal.Signals(signum).name

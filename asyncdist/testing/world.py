@@ -55,4 +55,4 @@ def crash(group: ProcessGroup) -> None:
     the kernel would stop them. The other ranks see what they would see of
     a killed process: streams reset, with no BYE.
     """
-    group.engine.crash()
+    group.engine.faults.crash()

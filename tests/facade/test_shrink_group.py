@@ -30,6 +30,8 @@ def shrink_the_default_group() -> dict:
         dist.barrier()
     except dist.DistError as exc:
         out["barrier"] = type(exc).__name__
+    out["agreed"] = dist.agree(0b011 if rank else 0b110)  # rank 3 has left: it does not count
+    out["failed"] = dist.failed_ranks()
     with pytest.raises(dist.errors.InvalidArgumentError, match="must not take part"):
         dist.shrink_group([rank])
     with pytest.raises(dist.errors.InvalidArgumentError, match="Duplicate rank 3"):
@@ -66,6 +68,7 @@ def test_shrink_group_of_the_default_group_and_of_a_subgroup() -> None:
     for rank in (0, 1):
         out = results[rank]
         assert out["barrier"] == "PeerLostError"
+        assert (out["agreed"], out["failed"]) == (0b010, [3])
         assert (out["default"], out["rank"], out["size"], out["ranks"]) == (True, rank, 3, [0, 1, 2])
         assert out["count"] == 1 and out["sum"] == [6.0]
         assert out["pair"] == [0, 1] and out["pair_sum"] == [1.0] and out["sub_gone"]

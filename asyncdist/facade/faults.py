@@ -1,4 +1,4 @@
-"""The blocking facade's ``shrink_group``, as torch 2.13 has it, on every backend name.
+"""The blocking facade's fault tolerance: torch 2.13's ``shrink_group``, and ``agree``, ``revoke``, ``failed_ranks``.
 
 torch's ``shrink_group`` works only on NCCL. Here it is the await API's
 :meth:`~asyncdist.group.process_group.ProcessGroup.shrink`: the remaining
@@ -15,6 +15,9 @@ group of those ranks, renumbered in the old order. torch's rules are kept:
 asyncdist adds one convenience: ``shrink_group()`` with no
 ``ranks_to_exclude`` excludes the ranks known to be lost, so a loop that
 survives a crash needs no bookkeeping of its own (see ``docs/fault-tolerance.md``).
+torch has no ``agree``, ``revoke`` or ``failed_ranks``; they are the await
+API's group methods, here as blocking calls, because a loop that survives
+needs ``agree`` to decide whether a step happened on every rank.
 
 Thread affinity: any thread but asyncdist's loop thread.
 """
@@ -22,13 +25,14 @@ Thread affinity: any thread but asyncdist's loop thread.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 from ..errors import InvalidArgumentError
 from ..group.process_group import ProcessGroup
 from .lifecycle import Group, _group, _portal, _runtime, _world
 
-__all__ = ["shrink_group", "SHRINK_DEFAULT", "SHRINK_ABORT"]
+__all__ = ["shrink_group", "agree", "revoke", "failed_ranks", "SHRINK_DEFAULT", "SHRINK_ABORT"]
 
 #: torch's flags: go on from where the group is, or first abort the operations
 #: still pending on it (here: revoke the group, on every member).
@@ -76,9 +80,7 @@ def shrink_group(
             dist.shrink_group(shrink_flags=dist.SHRINK_ABORT)   # the lost ranks are left out
     """
     world = _world()
-    target = _group(group)
-    if target is None or target.rank < 0:
-        raise InvalidArgumentError(f"shrink_group: rank {world.engine.rank} is not in the group to shrink")
+    target = _in(group, "shrink_group")
     if shrink_flags not in (SHRINK_DEFAULT, SHRINK_ABORT) or type(shrink_flags) is not int:
         raise InvalidArgumentError(
             f"Invalid shrink_flags value: {shrink_flags!r}. Must be one of: SHRINK_DEFAULT ({SHRINK_DEFAULT}) "
@@ -98,6 +100,56 @@ def shrink_group(
     if target is world:
         _runtime.world = new
     return new
+
+
+def agree(flag: int, group: Group = None, timeout: timedelta | float | None = None) -> int:
+    """The bitwise AND of ``flag`` over the live ranks of ``group``, the same on each (blocking).
+
+    Any thread but asyncdist's loop thread. Every live rank of the group
+    calls it, in the same order as its ``shrink_group`` calls; it works on a
+    revoked group. See :meth:`asyncdist.group.process_group.ProcessGroup.agree`.
+
+    Raises:
+        InvalidArgumentError: ``flag`` is not an int, or this rank is not in ``group``.
+        RankExcludedError: the other ranks excluded this one.
+        OperationTimeoutError: no decision within ``timeout`` (None: the group's).
+
+    Example::
+
+        try:
+            dist.all_reduce(grads)
+            ok = 1
+        except dist.DistError:
+            ok = 0
+        if not dist.agree(ok):               # the same answer on every live rank
+            dist.shrink_group(shrink_flags=dist.SHRINK_ABORT)
+    """
+    target = _in(group, "agree")
+    return _portal().run(target.agree(flag, timeout=timeout), what="agree()")
+
+
+def revoke(group: Group = None) -> None:
+    """Fail every pending and later operation of ``group`` on every live rank
+    (:class:`~asyncdist.errors.GroupRevokedError`); ``agree`` and ``shrink_group`` still work.
+
+    Raises:
+        InvalidArgumentError: this rank is not in ``group``.
+    """
+    target = _in(group, "revoke")
+    _portal().run(target.revoke(), what="revoke()")
+
+
+def failed_ranks(group: Group = None) -> list[int]:
+    """The ranks of ``group`` known lost, sorted (see
+    :meth:`asyncdist.group.process_group.ProcessGroup.failed_ranks`). Any thread."""
+    return _in(group, "failed_ranks").failed_ranks()
+
+
+def _in(group: Group, what: str) -> ProcessGroup:
+    target = _group(group)
+    if target is None or target.rank < 0:
+        raise InvalidArgumentError(f"{what}: rank {_world().engine.rank} is not in the group")
+    return target
 
 
 def _checked(ranks: list[int] | None, target: ProcessGroup) -> list[int]:
