@@ -75,6 +75,7 @@ from .facade.reductions import (
     supports_complex,
 )
 from .facade.debugging import breakpoint, dump_trace, get_stats, record_comm
+from .facade.elastic import grow_group
 from .facade.torch_names import (
     AllreduceCoalescedOptions,
     AllreduceOptions,
@@ -171,6 +172,7 @@ __all__ = [
     "get_node_local_rank",
     "is_torchelastic_launched",
     "split_group",
+    "grow_group",
     "shrink_group",
     "agree",
     "revoke",

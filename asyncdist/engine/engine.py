@@ -26,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from typing import Callable, Iterable, Mapping
 
 from .abort import abort_header, error_from_abort
+from .connecting import wait_for_peers
 from .faults import Faults
 from .flight import Flight
 from ..buffers.host import HostBuffer
-from ..errors import AsyncDistError, ClosedError, PeerLostError, RendezvousError
+from ..errors import AsyncDistError, ClosedError, PeerLostError
 from ..rendezvous.waiting import WaitReports
 from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
 from .losses import Losses, goodbye
@@ -88,8 +88,9 @@ class Engine:
         #: Control frames of groups, loss watchers, exclusion, revoked contexts (:mod:`.faults`).
         self.faults = Faults(me.rank, self._mailbox, self._connections, self._peer_lost)
         self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._silent)
-        self._all_connected: asyncio.Future | None = None
-        self._next_context = 0
+        self._arrival: asyncio.Future | None = None  # set by the next connection attached
+        #: The context :meth:`new_context` returns next (counted alike on every rank).
+        self.next_context = 0
         self._abort_watchers: dict[int, Callable[[int, AsyncDistError], None]] = {}
         self._peers_gone: asyncio.Future | None = None  # set once closing and no connection is left
         self.closed = False
@@ -101,55 +102,46 @@ class Engine:
 
     # -- setup -------------------------------------------------------------
 
-    async def listen(self, host: str) -> tuple[str, int]:
-        """Listen on an ephemeral port of ``host``; return (host, port) to publish."""
+    async def listen(self, host: str, listener: socket.socket | None = None) -> tuple[str, int]:
+        """Listen on an ephemeral port of ``host`` (or ``listener``); return (host, port) to publish."""
         self._loop = self.flight.dumps.loop = asyncio.get_running_loop()
-        self._all_connected = self._loop.create_future()
-        self.address = await self._mesh.listen(host)
+        self.address = await self._mesh.listen(host, listener)
         self._heartbeat.start()
-        if self.world_size == 1:
-            self._all_connected.set_result(None)
         return self.address
 
     async def connect(
-        self, addresses: Mapping[int, tuple[str, int]], timeout: float, reports: WaitReports | None = None
+        self,
+        addresses: Mapping[int, tuple[str, int]],
+        timeout: float,
+        reports: WaitReports | None = None,
+        peers: Iterable[int] | None = None,
     ) -> None:
-        """Dial every lower rank and wait until every higher rank dialed in.
+        """Dial the lower ranks of ``peers`` (None: the job's) at ``addresses``; wait
+        until the higher ones dialed in. ``reports``: the rendezvous's, to log the
+        ranks not connected yet whenever one is due (:mod:`.connecting`). Raises
+        RendezvousError after ``timeout`` s, PeerLostError or HandshakeError when a
+        lower rank cannot be reached."""
+        wanted = set(range(self.world_size) if peers is None else peers) - {self.rank}
 
-        ``reports``: the rendezvous's wait reports, to log the ranks that have
-        not connected yet whenever one is due (None: silent).
+        async def arrived() -> None:
+            while not wanted <= self._connections.keys():
+                self._arrival = asyncio.get_running_loop().create_future()
+                await self._arrival
 
-        Raises:
-            RendezvousError: not all peers connected within ``timeout`` seconds.
-            PeerLostError, HandshakeError: a lower rank could not be reached.
-        """
-        assert self._all_connected is not None, "listen() first"
-        dials = (self._mesh.dial(peer, *addresses[peer]) for peer in range(self.rank))
-        joined = asyncio.ensure_future(asyncio.gather(*dials, asyncio.shield(self._all_connected)))
-        deadline = time.monotonic() + timeout
-        try:
-            while not joined.done():
-                now = time.monotonic()
-                if now >= deadline:
-                    raise RendezvousError(
-                        f"rank {self.rank}: ranks {self._unconnected()} did not connect within {timeout:g} s"
-                    )
-                if reports is not None and reports.due(now):
-                    reports.report(now, self._unconnected(), "connect")
-                wake = min(deadline, reports.next_at) if reports is not None else deadline
-                await asyncio.wait([joined], timeout=max(wake - now, 0.001))
-            joined.result()
-        finally:
-            if not joined.done():
-                joined.cancel()
-                await asyncio.gather(joined, return_exceptions=True)
+        dials = (self._mesh.dial(peer, *addresses[peer]) for peer in sorted(wanted) if peer < self.rank)
 
-    def _unconnected(self) -> list[int]:
-        """The peers not connected yet."""
-        return sorted(set(range(self.world_size)) - set(self._connections) - {self.rank})
+        def unconnected() -> list[int]:
+            return sorted(wanted - self._connections.keys())
+
+        await wait_for_peers(self.rank, asyncio.gather(*dials, arrived()), timeout, unconnected, reports)
+
+    def widen(self, world_size: int, next_context: int) -> None:
+        """Accept the ids below ``world_size`` (joined by a grow); count contexts from ``next_context``."""
+        self.me = self._mesh.me = Identity(self.me.job_id, self.rank, world_size, self.me.secret)
+        self.world_size, self.next_context = world_size, next_context
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
-        assert self._loop is not None and self._all_connected is not None, "listen() first"
+        assert self._loop is not None, "listen() first"
         inbox = PeerInbox(self._mailbox, peer, self._control_frame, self.flight.counters)
         decoder = FrameDecoder(inbox, max_payload=self._max_payload)
         self._inboxes[peer] = inbox
@@ -163,16 +155,16 @@ class Engine:
             peer_reads_me=access.peer_reads_me,
             me=self.rank,
         )
-        if len(self._connections) == self.world_size - 1 and not self._all_connected.done():
-            self._all_connected.set_result(None)
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.set_result(None)
 
     def _wants(self, peer: int) -> bool:
         return not (peer in self._connections or peer in self._losses or self.closed)
 
     def new_context(self) -> int:
         """Return a fresh context id (the same on every rank that calls in the same order)."""
-        ctx = self._next_context
-        self._next_context += 1
+        ctx = self.next_context
+        self.next_context += 1
         return ctx
 
     # -- operations ----------------------------------------------------------
@@ -395,6 +387,6 @@ class Engine:
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
         await self._mesh.close()
-        if self._all_connected is not None and not self._all_connected.done():
-            self._all_connected.cancel()
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.cancel()
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from .backends import parse_backend
 from ..engine.dumps import install_sigusr1
+from .._config import JOIN_ENV
 from ..errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
 from ..group.process_group import ProcessGroup
 from ..loop.exits import call_at_exit, call_on_termination
@@ -128,6 +129,11 @@ def init_process_group(
         group_name: the world group's name in error messages.
         pg_options, device_id: accepted for torch compatibility; unused on CPU.
 
+    With ``ASYNCDIST_JOIN=1`` in the environment (``asyncdist-run --replace``
+    sets it) the process joins the job already running at ``init_method``
+    instead: it needs neither rank nor world size, and returns once the
+    job's ranks call :func:`~asyncdist.facade.elastic.grow_group`, with the next rank.
+
     Raises:
         AlreadyInitializedError: called twice without ``destroy_process_group``.
         RendezvousError: missing environment variables, duplicate ranks, world
@@ -153,6 +159,7 @@ def init_process_group(
                 timeout=timeout,
                 group_name=group_name,
                 store_prefix=f"asyncdist/{_runtime.generation}",
+                join=os.environ.get(JOIN_ENV, "").lower() in ("1", "true"),
             ),
             what="init_process_group()",
         )

@@ -35,6 +35,7 @@ from .calls import CallReservation, Calls
 from .collectives import Collectives
 from .devices import Devices
 from .fault import FaultTolerance
+from .growth import grow
 from .members import Members
 from .monitor import Monitor
 from .objects import ObjectCollectives
@@ -98,16 +99,8 @@ class ProcessGroup:
         store: the store the members share (where NCCL unique ids travel), or None.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        ranks: Sequence[int],
-        *,
-        name: str,
-        timeout: float,
-        first_call: int = 1,
-        contexts: Callable[[], int] | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, ranks: Sequence[int], *, name: str, timeout: float, first_call: int = 1,
+                 contexts: Callable[[], int] | None = None) -> None:
         self.engine = engine
         self.members = Members(ranks, engine.rank, name)
         self.ranks, self.rank, self.size = self.members.ranks, self.members.rank, self.members.size
@@ -303,12 +296,9 @@ class ProcessGroup:
     ) -> ProcessGroup | None:
         """MPI's ``MPI_Comm_split``: the ranks that pass one ``color`` form a group.
 
-        A collective call of this group: every member calls it. Within a
-        new group, ranks are ordered by ``key``, then by their rank here.
-        Groups agree on their message contexts by the order in which every
-        rank of the job creates them, so ``split`` is offered on groups of
-        every rank of the job; split a smaller group with :meth:`partition`,
-        which every rank can call.
+        A collective call of this group: every member calls it. Within a new group,
+        ranks are ordered by ``key``, then by their rank here. Offered on groups of
+        every rank of the job; split a smaller group with :meth:`partition`.
 
         Args:
             color: a non-negative int; None (MPI's ``MPI_UNDEFINED``) joins no group.
@@ -344,19 +334,11 @@ class ProcessGroup:
         await self.faults.revoke()
 
     async def agree(self, flag: int, *, timeout: timedelta | float | None = None) -> int:
-        """Fault-tolerant agreement: the bitwise AND of ``flag`` (an int) over
-        the live members, the same on each, which then see the same
-        :meth:`failed_ranks` (unless another member fails meanwhile). Works on
-        a revoked group. Members call ``agree`` and ``shrink`` in the same order.
-
-        Raises:
-            RankExcludedError: the others count this rank as failed.
-            OperationTimeoutError: no decision within ``timeout`` (None: the group's).
-
-        Example::
-
-            ok = await group.agree(0 if failed else 1)   # see docs/fault-tolerance.md
-        """
+        """Fault-tolerant agreement (docs/fault-tolerance.md): the bitwise AND of ``flag``
+        over the live members, the same on each, which then see the same :meth:`failed_ranks`.
+        Works on a revoked group; members call ``agree`` and ``shrink`` in the same order.
+        Raises RankExcludedError (the others count this rank as failed) or
+        OperationTimeoutError (no decision within ``timeout``; None: the group's)."""
         return await self.faults.agree(flag, timeout=timeout)
 
     async def shrink(self, *, exclude: Sequence[int] = (), timeout: timedelta | float | None = None) -> ProcessGroup:
@@ -366,8 +348,16 @@ class ProcessGroup:
         (they are expelled from the job). The new group takes over what this one
         owns (the world: the engine): close it, not this one. Raises as :meth:`agree`."""
         group = await self.faults.shrink(exclude=exclude, timeout=timeout)
-        group._closers, self._closers = group._closers + self._closers, []
+        self.pass_on(group)
         return group
+
+    grow = grow  #: ``await group.grow(*, timeout=None, min_joiners=0)``: see :func:`asyncdist.group.growth.grow`
+
+    def pass_on(self, successor: ProcessGroup) -> None:
+        """Give ``successor`` (shrunk or grown) what closing this group would release (the engine)."""
+        successor._closers.extend(self._closers)
+        self._closers = []
+
     # -- observing ----------------------------------------------------------------------
 
     def dump_trace(self, path: str | os.PathLike[str] | None = None) -> Path:

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Sequence
 
 from ..timeouts import DEFAULT_TIMEOUT
 from ..timeouts import as_seconds
 from .process_group import ProcessGroup
 from .bootstrap import ABORT_LINGER_SECONDS, bootstrap, refuse, whoami
 from ..engine.dumps import install_sigusr1
-from ..errors import RendezvousError
+from .joining import join as join_running
+from ..errors import InvalidArgumentError, RendezvousError
 from ..rendezvous.init_method import resolve
 from ..rendezvous.store import STORE_EXECUTOR, PrefixStore, Store
 from ..transport.heartbeat import HeartbeatConfig
@@ -39,6 +41,7 @@ async def init_world(
     group_name: str = "",
     store_prefix: str = "asyncdist",
     heartbeat: HeartbeatConfig | None = None,
+    join: bool = False,
 ) -> ProcessGroup:
     """Join the job and return its world group (loop thread; returns when all ranks joined).
 
@@ -56,18 +59,28 @@ async def init_world(
             silent peer is trusted (None: ``ASYNCDIST_HEARTBEAT_INTERVAL`` /
             ``ASYNCDIST_HEARTBEAT_TIMEOUT``, default 5 s / 30 s; see
             :mod:`asyncdist.transport.heartbeat`).
+        join: join a running job instead (its rendezvous address and secret,
+            no rank or world size): wait until its members call
+            :meth:`~asyncdist.group.process_group.ProcessGroup.grow`, and
+            return the grown group, where this process has the next rank
+            (see :mod:`asyncdist.group.joining`).
 
     Raises:
         RendezvousError: see :func:`asyncdist.rendezvous.init_method.resolve`
             and :func:`asyncdist.group.bootstrap.bootstrap`.
         InvalidRankError: ``rank`` is negative or not below ``world_size``
             (the other ranks, told through the store, raise RendezvousError).
-        InvalidArgumentError: a bad heartbeat setting.
+        InvalidArgumentError: a bad heartbeat setting, or ``join`` with a rank or world size.
     """
     seconds = as_seconds(timeout, default=DEFAULT_TIMEOUT.total_seconds(), what="init_world: timeout")
     if heartbeat is None:  # read now: a bad setting fails before the rendezvous, not in it
         heartbeat = HeartbeatConfig.from_env()
     loop = asyncio.get_running_loop()
+    if join:
+        if rank != -1 or world_size != -1:
+            raise InvalidArgumentError(f"init_world: a joining process gets its rank from the running job's grow(); "
+                                       f"give no rank or world_size (got rank={rank}, world_size={world_size})")
+        rank, world_size = 1, 2  # for resolve(): any rank but 0 is a client of the job's store
     plan = await loop.run_in_executor(
         STORE_EXECUTOR,
         lambda: resolve(init_method, rank=rank, world_size=world_size, store=store, timeout=seconds),
@@ -78,18 +91,25 @@ async def init_world(
         finally:
             await loop.run_in_executor(STORE_EXECUTOR, plan.store.close)
         raise plan.refused
+    ranks: Sequence[int] = range(plan.world_size)
+    contexts = None  # the engine's counter; a newcomer's group derives them as the members do
     try:
-        engine = await bootstrap(
-            PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds,
-            heartbeat=heartbeat, where=plan.where,
-        )
+        if join:
+            engine, admission = await join_running(PrefixStore(store_prefix, plan.store), host=plan.host,
+                                                   timeout=seconds, heartbeat=heartbeat, where=plan.where)
+            ranks, group_name, contexts = admission.members, group_name or admission.name, admission.contexts()
+        else:
+            engine = await bootstrap(
+                PrefixStore(store_prefix, plan.store), plan.rank, plan.world_size, host=plan.host, timeout=seconds,
+                heartbeat=heartbeat, where=plan.where,
+            )
     except BaseException as exc:
         if plan.owns_store:
-            if isinstance(exc, RendezvousError) and plan.rank == 0:  # rank 0 may serve the store the others read
+            if isinstance(exc, RendezvousError) and plan.rank == 0 and not join:  # it may serve the others' store
                 await asyncio.sleep(ABORT_LINGER_SECONDS)
             plan.store.close()
         raise
-    world = ProcessGroup(engine, range(plan.world_size), name=group_name or "world", timeout=seconds, first_call=0)
+    world = ProcessGroup(engine, ranks, name=group_name or "world", timeout=seconds, first_call=0, contexts=contexts)
     install_sigusr1()  # SIGUSR1 dumps the flight recorder (where this is the main thread)
     world.store = PrefixStore(store_prefix, plan.store)  # where NCCL unique ids travel
     if plan.owns_store:

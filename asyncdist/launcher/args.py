@@ -49,6 +49,10 @@ class LaunchConfig:
         redirects, tee: which streams of which local ranks go to a log file
             only (``redirects``) or to the file and the console (``tee``); see
             :func:`streams_of`.
+        on_failure: ``stop`` (stop every worker when one fails, torchrun's
+            way) or ``continue`` (leave the others running).
+        replace: with ``continue``, how many replacement workers may be
+            started, one per failed worker, to rejoin the job (``ASYNCDIST_JOIN=1``).
     """
 
     command: tuple[str, ...]
@@ -69,6 +73,8 @@ class LaunchConfig:
     log_dir: str | None = None
     redirects: Streams = ()
     tee: Streams = ()
+    on_failure: str = "stop"
+    replace: int = 0
 
     @property
     def world_size(self) -> int:
@@ -234,6 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         "rank, or per local rank as 0:3,1:2 (default: none).")
     add("-t", "--tee", type=_streams, default=(), metavar="STD",
         help="Copy workers' streams to their log files as well as the console; values as --redirects.")
+    add(*_names("--on-failure"), choices=("stop", "continue"), default="stop",
+        help="When a worker fails: 'stop' the others (torchrun's way, the default) or let them 'continue' "
+        "(for jobs that survive a lost rank: shrink, then grow; see docs/fault-tolerance.md).")
+    add("--replace", type=int, default=0, metavar="N",
+        help="With --on-failure continue: start up to N replacement workers, one per failed worker, "
+        "that join the running job (ASYNCDIST_JOIN=1) when its ranks call grow_group() (default 0).")
     for flag in NOT_IMPLEMENTED:
         add(*_names(flag), action=_NotImplemented, nargs="?", help=argparse.SUPPRESS)
     add("training_script", metavar="TRAINING_SCRIPT",
@@ -264,6 +276,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise ValueError(f"--node-rank must be in [0, {args.nnodes}), got {args.node_rank}")
     if args.max_restarts < 0 or args.shutdown_timeout < 0:
         raise ValueError("--max-restarts and --shutdown-timeout must not be negative")
+    if args.replace < 0:
+        raise ValueError(f"--replace must not be negative, got {args.replace}")
+    if args.replace and args.on_failure != "continue":
+        raise ValueError("--replace needs --on-failure continue: the replacements join workers that kept running")
     if args.standalone and args.nnodes > 1:
         raise ValueError("--standalone is for a single node; use --master-addr/--master-port with --nnodes > 1")
     if args.master_port == 0 and args.nnodes > 1:
@@ -291,4 +307,6 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         log_dir=args.log_dir,
         redirects=args.redirects,
         tee=args.tee,
+        on_failure=args.on_failure,
+        replace=args.replace,
     )

@@ -38,7 +38,7 @@ from string import Template
 from typing import Mapping
 
 from ..errors import StoreError
-from .._config import JOB_ID_ENV, SECRET_ENV
+from .._config import JOB_ID_ENV, JOIN_ENV, SECRET_ENV
 from ..rendezvous.init_method import AGENT_STORE_ENV, STORE_ADDR_ENV
 from ..rendezvous.torch_store import AGENT_STORE_KIND_ENV
 from .args import LaunchConfig, streams_of
@@ -88,8 +88,12 @@ class Job:
         """
         return self.stores.begin_attempt(restart_count, timeout)
 
-    def worker_env(self, local_rank: int, restart_count: int) -> dict[str, str]:
-        """The environment of one worker: the launcher's, plus torchrun's variables."""
+    def worker_env(self, local_rank: int, restart_count: int, replacement: int = 0) -> dict[str, str]:
+        """The environment of one worker: the launcher's, plus torchrun's variables.
+
+        A replacement (``replacement`` > 0, see ``--replace``) gets no rank:
+        ``ASYNCDIST_JOIN=1`` instead, and learns its rank when it is admitted.
+        """
         cfg = self.config
         rank = cfg.global_rank(local_rank)
         env = dict(self._environ)
@@ -122,6 +126,11 @@ class Job:
             env[SECRET_ENV] = self.secret
         if self.job_id is not None:
             env[JOB_ID_ENV] = self.job_id
+        if replacement:
+            del env["RANK"], env["ROLE_RANK"]
+            env[JOIN_ENV] = "1"
+        else:
+            env.pop(JOIN_ENV, None)
         return env
 
     def trace_folder(self, restart_count: int) -> Path:
@@ -160,11 +169,13 @@ class Job:
         redirected = streams_of(cfg.redirects, local_rank) & ~streams_of(cfg.tee, local_rank)
         return shown and not redirected & 1, shown and not redirected & 2
 
-    def prefix(self, local_rank: int) -> bytes:
-        """What each output line of this worker starts with."""
+    def prefix(self, local_rank: int, replacement: int = 0) -> bytes:
+        """What each output line of this worker starts with (a replacement's
+        rank reads ``+N``: it learns its rank only when admitted)."""
         cfg = self.config
         text = Template(cfg.prefix_template).safe_substitute(
-            rank=cfg.global_rank(local_rank), local_rank=local_rank, role_name=cfg.role
+            rank=f"+{replacement}" if replacement else cfg.global_rank(local_rank), local_rank=local_rank,
+            role_name=cfg.role,
         )
         return text.encode()
 

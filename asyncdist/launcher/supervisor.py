@@ -10,6 +10,12 @@ the first exit or signal that matters decides the attempt:
   after ``--shutdown-timeout`` s; the group is started again while
   ``--max-restarts`` allows (after :meth:`~.job.Job.begin_attempt` has made
   the stores ready for it), else the launcher exits 1 (as torchrun does);
+* under ``--on-failure continue`` a worker that fails is reported and the
+  others go on (a replacement is started in its place while ``--replace``
+  allows, to rejoin the job); the attempt ends when every worker has exited,
+  with a summary of who finished and who died (:func:`~.workers.summary`);
+  it failed if a worker exited with an error code of its own or none finished
+  (:func:`~.workers.continuing_failure`);
 * the launcher got SIGINT, SIGTERM or SIGHUP: the same signal goes to every
   worker (SIGINT gives Python workers a KeyboardInterrupt and its traceback),
   SIGKILL follows after the timeout or at once on a second signal, and the
@@ -39,7 +45,7 @@ from typing import BinaryIO, Callable, cast
 
 from . import traces
 from .job import Job, LaunchError
-from .workers import Console, Worker, WorkerProtocol, blame, signal_name
+from .workers import Console, Worker, WorkerProtocol, blame, continuing_failure, signal_name, summary
 from .gathering import report_gathering
 from .stores import JOIN_TIMEOUT
 
@@ -110,20 +116,21 @@ class _Signals:
             await waiter
 
 
-async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[Console, Console]) -> Worker:
+async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[Console, Console],
+                 replacement: int = 0) -> Worker:
     argv = job.worker_argv(local_rank)
     out_shown, err_shown = job.to_console(local_rank)
     try:
         files = {fd: cast(BinaryIO, open(path, "ab")) for fd, path in job.log_files(local_rank, restart_count).items()}
     except OSError as exc:
         raise LaunchError(f"cannot write the log files of local rank {local_rank}: {exc}") from exc
-    protocol = WorkerProtocol(job.prefix(local_rank), (consoles[0] if out_shown else None,
+    protocol = WorkerProtocol(job.prefix(local_rank, replacement), (consoles[0] if out_shown else None,
                                                         consoles[1] if err_shown else None), files)
     try:
         transport, _ = await asyncio.get_running_loop().subprocess_exec(
             lambda: protocol,
             *argv,
-            env=job.worker_env(local_rank, restart_count),
+            env=job.worker_env(local_rank, restart_count, replacement),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -134,7 +141,7 @@ async def _start(job: Job, local_rank: int, restart_count: int, consoles: tuple[
         for file in files.values():
             file.close()
         raise LaunchError(f"cannot start local rank {local_rank} ({' '.join(argv)}): {exc}") from exc
-    return Worker(local_rank, job.config.global_rank(local_rank), transport.get_pid(), protocol)
+    return Worker(local_rank, job.config.global_rank(local_rank), transport.get_pid(), protocol, replacement)
 
 
 async def _exit_of(worker: Worker) -> Worker:
@@ -165,9 +172,56 @@ async def _stop(workers: list[Worker], signum: int, grace: float, signals: _Sign
             worker.protocol.transport.close()
 
 
+async def _run_continuing(job: Job, restart_count: int, signals: _Signals,
+                          consoles: tuple[Console, Console]) -> Worker | int | None:
+    """One attempt under ``--on-failure continue``; returns as :func:`_run_group`."""
+    workers: list[Worker] = []
+    outcome: Worker | int | None = None
+    try:
+        for local_rank in range(job.config.nproc_per_node):
+            workers.append(await _start(job, local_rank, restart_count, consoles))
+        interrupted = asyncio.ensure_future(signals.wait_beyond(len(signals.received)))
+        pending: set[asyncio.Future] = {interrupted, *(asyncio.ensure_future(_exit_of(w)) for w in workers)}
+        replaced = 0
+        try:
+            while pending != {interrupted}:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if interrupted in done:
+                    outcome = signals.received[-1]
+                    break
+                for worker in sorted((t.result() for t in done), key=lambda w: w.protocol.exit_at):
+                    if worker.protocol.exited.result() == 0:
+                        continue
+                    await asyncio.wait([worker.protocol.closed], timeout=_LAST_WORDS_SECONDS)
+                    print(f"asyncdist-run: {worker.describe_exit()}; the other workers continue (--on-failure "
+                          f"continue); the last lines of its stderr:{worker.stderr_tail()}", file=sys.stderr, flush=True)
+                    if replaced < job.config.replace:
+                        replaced += 1
+                        new = await _start(job, worker.local_rank, restart_count, consoles, replaced)
+                        workers.append(new)
+                        pending.add(asyncio.ensure_future(_exit_of(new)))
+                        print(f"asyncdist-run: started replacement {replaced} of {job.config.replace} (pid {new.pid}) "
+                              f"for worker {worker.name}; it joins the job when its ranks call grow_group()",
+                              file=sys.stderr, flush=True)
+        finally:
+            for task in pending:
+                task.cancel()
+        if outcome is None:
+            print(summary(workers), file=sys.stderr, flush=True)
+            outcome = continuing_failure(workers)
+    finally:
+        if isinstance(outcome, int):
+            print(f"asyncdist-run: received {signal_name(outcome)}; stopping the workers", file=sys.stderr, flush=True)
+        await _stop(workers, outcome if isinstance(outcome, int) else signal.SIGTERM, job.config.shutdown_timeout,
+                    signals)
+    return outcome
+
+
 async def _run_group(job: Job, restart_count: int, signals: _Signals,
                      consoles: tuple[Console, Console]) -> Worker | int | None:
     """One attempt. Returns None (success), the first failed worker, or a signal number."""
+    if job.config.on_failure == "continue":
+        return await _run_continuing(job, restart_count, signals, consoles)
     workers: list[Worker] = []
     outcome: Worker | int | None = None
     gathering: asyncio.Future | None = None

@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass
 from typing import BinaryIO, cast
 
-__all__ = ["Console", "Worker", "WorkerProtocol", "blame", "signal_name"]
+__all__ = ["Console", "Worker", "WorkerProtocol", "blame", "signal_name", "summary", "continuing_failure"]
 
 _TAIL_LINES = 10  # lines of a failed worker's stderr that the launcher repeats
 
@@ -125,15 +125,23 @@ class WorkerProtocol(asyncio.SubprocessProtocol):
 
 @dataclass(slots=True)
 class Worker:
+    """A started worker; ``replacement``: 0, or N for the N-th replacement (``--replace``)."""
+
     local_rank: int
     rank: int
     pid: int
     protocol: WorkerProtocol
+    replacement: int = 0
+
+    @property
+    def name(self) -> str:
+        """``rank 3``, or ``replacement 1`` (whose rank the launcher does not know)."""
+        return f"replacement {self.replacement}" if self.replacement else f"rank {self.rank}"
 
     def describe_exit(self) -> str:
         code = self.protocol.exited.result()
         killed = f", {signal_name(-code)}" if code < 0 else ""
-        return (f"worker rank {self.rank} exited with code {code} "
+        return (f"worker {self.name} exited with code {code} "
                 f"(local rank {self.local_rank}, pid {self.pid}{killed})")
 
     def stderr_tail(self) -> str:
@@ -157,3 +165,30 @@ def blame(failed: list[Worker], workers: list[Worker]) -> Worker:
     if raised:
         return min(raised, key=lambda w: w.protocol.error_at or 0.0)
     return failed[0]
+
+
+def summary(workers: list[Worker]) -> str:
+    """The launcher's last line under ``--on-failure continue``: who finished, who died and how."""
+    finished = [w.name for w in workers if w.protocol.exited.result() == 0]
+    died = []
+    for w in sorted((w for w in workers if w.protocol.exited.result() != 0), key=lambda w: w.protocol.exit_at):
+        code = w.protocol.exited.result()
+        died.append(f"{w.name} ({signal_name(-code) if code < 0 else f'exit code {code}'})")
+    return f"asyncdist-run: finished: {', '.join(finished) or 'none'}; died: {', '.join(died) or 'none'}"
+
+
+def continuing_failure(workers: list[Worker]) -> Worker | None:
+    """Under ``--on-failure continue``, the worker that failed the job, or None if it succeeded.
+
+    A worker killed by a signal is the loss the job was meant to survive; one
+    that exited with an error code of its own (an exception) failed the job,
+    and so did every worker dying: the job succeeded when at least one
+    worker finished and none exited with an error code.
+    """
+    by_exit = sorted(workers, key=lambda w: w.protocol.exit_at)
+    errors = [w for w in by_exit if w.protocol.exited.result() > 0]
+    if errors:
+        return errors[0]
+    if not any(w.protocol.exited.result() == 0 for w in workers):
+        return by_exit[0]
+    return None

@@ -99,14 +99,15 @@ class Mesh:
         self._backoff_handle: asyncio.TimerHandle | None = None
         self._accepting = False  # the listener's reader is registered
 
-    async def listen(self, host: str) -> tuple[str, int]:
-        """Listen on an ephemeral port of ``host``; return (host, port) to publish.
+    async def listen(self, host: str, listener: socket.socket | None = None) -> tuple[str, int]:
+        """Listen on an ephemeral port of ``host`` (or on ``listener``, from
+        :func:`~.connect.open_listener`, bound earlier); return (host, port) to publish.
 
         Raises:
             OSError: the address cannot be bound.
         """
         raise_open_files_limit()
-        self._listener = open_listener(host)
+        self._listener = listener if listener is not None else open_listener(host)
         self._start_accepting()
         return host, self._listener.getsockname()[1]
 

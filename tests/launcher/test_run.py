@@ -87,6 +87,7 @@ HELP_FLAGS = [
     "--rdzv-id", "--rdzv_id", "--max-restarts", "--max_restarts", "--role", "-m, --module",
     "--no-python", "--no_python", "--local-ranks-filter", "--local_ranks_filter",
     "--log-line-prefix-template", "--shutdown-timeout", "--log-dir", "--redirects", "--tee", "TRAINING_SCRIPT",
+    "--on-failure", "--on_failure", "--replace",
 ]
 
 

@@ -1,0 +1,166 @@
+"""Joining a running job, through its store: the waiting room and the verdicts.
+
+A process that joins a running world (``init_world(..., join=True)``) does not
+know its rank yet: it *registers* in the store and waits there until the
+world's members call ``grow()``. The keys, under the job's prefix beside
+those of :mod:`asyncdist.group.bootstrap`:
+
+* ``join/slot/<i>`` (i = 1, 2, ...): one waiting process's
+  :class:`Registration`; a joiner takes the first free slot with
+  compare-and-set, so two joiners at once take two slots and none is lost;
+* ``join/slot/<i>/claimed``: taken (compare-and-set) by the member that leads
+  the grow that admits or refuses slot i, so that no two grows take one process;
+* ``join/next``: where the next grow starts looking (written by the leader of
+  a grow, so that the next leader, whichever rank it is, skips the slots
+  examined before);
+* ``join/slot/<i>/verdict``: the grow's answer to that slot, JSON: either
+  ``{"admitted": {...}}`` (the new group, see
+  :mod:`asyncdist.group.growth`) or ``{"refused": "<why>"}``.
+
+A registration carries a *proof*: HMAC-SHA256 of the job secret over its
+token, job id and address. The leader of a grow checks it before admitting
+anyone, so a process started with another secret is refused in the store,
+with a message that says so, instead of failing the members' handshakes
+later. (The handshake still authenticates every connection; the proof only
+turns a wrong secret into a clear refusal.)
+
+This module knows keys and JSON, not engines or groups. Loop thread (the
+store's async methods).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import RendezvousError, StoreTimeoutError
+from .store import Store
+
+__all__ = ["Registration", "register", "wait_verdict", "claim", "answer", "JOIN_POLL_SECONDS"]
+
+_SLOT = "join/slot/{}"
+_VERDICT = "join/slot/{}/verdict"
+_CLAIM = "join/slot/{}/claimed"
+_NEXT = "join/next"
+#: How often a grow that must wait for joiners (``min_joiners``) looks for a
+#: new registration, and how often a joiner looks for its verdict between
+#: reports: a store wait of this length, not a sleep.
+JOIN_POLL_SECONDS = 0.2
+
+
+def _proof(secret: bytes, job_id: str, token: str, host: str, port: int) -> str:
+    return hmac.new(secret, f"join|{job_id}|{token}|{host}:{port}".encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A process waiting to join.
+
+    Attributes:
+        token: a fresh id, telling two waiting processes apart.
+        host, port: where it listens for the members' connections.
+        who: ``pid N on host``, for messages.
+        proof: see the module docstring.
+    """
+
+    token: str
+    host: str
+    port: int
+    who: str
+    proof: str
+
+    @classmethod
+    def make(cls, secret: bytes, job_id: str, host: str, port: int, who: str) -> Registration:
+        """A new registration, its proof made with ``secret``."""
+        token = uuid.uuid4().hex
+        return cls(token, host, port, who, _proof(secret, job_id, token, host, port))
+
+    def proven(self, secret: bytes, job_id: str) -> bool:
+        """Whether it was made with this job's ``secret``."""
+        return hmac.compare_digest(self.proof, _proof(secret, job_id, self.token, self.host, self.port))
+
+    def encode(self) -> str:
+        return json.dumps([self.token, self.host, self.port, self.who, self.proof])
+
+    @classmethod
+    def decode(cls, text: bytes) -> Registration:
+        token, host, port, who, proof = json.loads(text)
+        return cls(str(token), str(host), int(port), str(who), str(proof))
+
+
+async def register(store: Store, registration: Registration) -> int:
+    """Take the first free slot of the waiting room; return its number."""
+    mine = registration.encode()
+    slot = int((await store.async_compare_set(_NEXT, "", "1")).decode())
+    while True:
+        taken = (await store.async_compare_set(_SLOT.format(slot), "", mine)).decode()
+        if taken == mine:
+            return slot
+        slot += 1
+
+
+async def wait_verdict(store: Store, slot: int, deadline: float, what: str) -> dict[str, Any]:
+    """Wait for the verdict on ``slot`` until ``deadline`` (time.monotonic).
+
+    Raises:
+        RendezvousError: no grow admitted or refused it in time (``what``
+            names this process in the message).
+    """
+    key = _VERDICT.format(slot)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RendezvousError(f"{what}: no member of the running job called grow() before the timeout; "
+                                  "the process gave up waiting to join")
+        try:
+            await store.async_wait([key], min(remaining, JOIN_POLL_SECONDS * 25))
+        except StoreTimeoutError:
+            continue
+        verdict: dict[str, Any] = json.loads(await store.async_get(key))
+        return verdict
+
+
+async def claim(store: Store, at_least: int, deadline: float) -> list[tuple[int, Registration]]:
+    """Claim the registrations no grow has claimed yet, oldest first, waiting
+    until there are ``at_least`` of them (or ``deadline``, time.monotonic,
+    passes). Each slot is claimed with compare-and-set, so two grows at once
+    (of two groups) never admit one process twice.
+
+    Raises:
+        RendezvousError: fewer than ``at_least`` by the deadline (what was
+            claimed is released, for the next grow).
+    """
+    token = uuid.uuid4().hex
+    slot = int((await store.async_compare_set(_NEXT, "", "1")).decode())
+    found: list[tuple[int, Registration]] = []
+    while True:
+        key = _SLOT.format(slot)
+        if await store.async_check([key]):
+            if (await store.async_compare_set(_CLAIM.format(slot), "", token)).decode() == token:
+                found.append((slot, Registration.decode(await store.async_get(key))))
+            slot += 1
+            continue
+        if len(found) >= at_least:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            for taken, _ in found:
+                await store.async_delete_key(_CLAIM.format(taken))
+            raise RendezvousError(f"grow: waited for {at_least} process(es) to join, {len(found)} came in time")
+        try:
+            await store.async_wait([key], min(remaining, JOIN_POLL_SECONDS))
+        except StoreTimeoutError:
+            pass
+    await store.async_set(_NEXT, str(slot))  # where the next grow starts looking (claims decide)
+    return found
+
+
+async def answer(store: Store, verdicts: dict[int, dict[str, Any]]) -> None:
+    """Write each claimed slot's verdict (JSON)."""
+    for slot, verdict in verdicts.items():
+        await store.async_set(_VERDICT.format(slot), json.dumps(verdict))

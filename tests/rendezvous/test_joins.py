@@ -1,0 +1,51 @@
+"""The waiting room of joining processes in the store (asyncdist.rendezvous.joins).
+
+Registrations take distinct slots even when made at once; a registration's
+proof checks with the secret it was made with and no other; two grows that
+claim at once never take one registration twice; a claim that runs out of
+time releases what it took, so that the next grow admits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from asyncdist.errors import RendezvousError
+from asyncdist.rendezvous import joins
+from asyncdist.rendezvous.hash_store import HashStore
+
+
+def _registration(n: int, secret: bytes = b"s3cret") -> joins.Registration:
+    return joins.Registration.make(secret, "job-1", "127.0.0.1", 40000 + n, f"pid {n} on here")
+
+
+def test_a_proof_checks_with_its_own_secret_only() -> None:
+    made = _registration(1)
+    assert made.proven(b"s3cret", "job-1")
+    assert not made.proven(b"other", "job-1")
+    assert not made.proven(b"s3cret", "job-2")
+    assert joins.Registration.decode(made.encode().encode()) == made
+
+
+async def test_registrations_at_once_take_distinct_slots_and_claims_at_once_split_them() -> None:
+    store = HashStore()
+    made = [_registration(n) for n in range(6)]
+    slots = await asyncio.gather(*(joins.register(store, r) for r in made))
+    assert sorted(slots) == [1, 2, 3, 4, 5, 6]
+    deadline = time.monotonic() + 5
+    first, second = await asyncio.gather(joins.claim(store, 0, deadline), joins.claim(store, 0, deadline))
+    claimed = [r for _, r in first + second]
+    assert sorted(claimed, key=lambda r: r.port) == made  # each exactly once
+    assert await joins.claim(store, 0, deadline) == []  # nothing left for a later grow
+
+
+async def test_a_claim_that_runs_out_of_time_releases_what_it_took() -> None:
+    store = HashStore()
+    await joins.register(store, _registration(1))
+    with pytest.raises(RendezvousError, match=r"grow: waited for 2 process\(es\) to join, 1 came in time"):
+        await joins.claim(store, 2, time.monotonic() + 0.3)
+    (slot, again), = await joins.claim(store, 1, time.monotonic() + 5)
+    assert (slot, again.port) == (1, 40001)
