@@ -42,6 +42,11 @@ class Counters:
         self.sent_bytes[rank] += nbytes
         self.sent_messages[rank] += 1
 
+    def widen(self, world_size: int) -> None:
+        """Count for the ids below ``world_size`` too (processes a grow admitted)."""
+        for counts in (self.sent_bytes, self.sent_messages, self.received_bytes, self.received_messages):
+            counts.extend([0] * (world_size - len(counts)))
+
     def reset(self) -> None:
         """Start counting from zero."""
         for counts in (self.sent_bytes, self.sent_messages, self.received_bytes, self.received_messages):

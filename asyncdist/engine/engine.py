@@ -139,6 +139,7 @@ class Engine:
         """Accept the ids below ``world_size`` (joined by a grow); count contexts from ``next_context``."""
         self.me = self._mesh.me = Identity(self.me.job_id, self.rank, world_size, self.me.secret)
         self.world_size, self.next_context = world_size, next_context
+        self.flight.widen(world_size)
 
     def _attach(self, peer: int, sock: socket.socket, access: PeerAccess) -> None:
         assert self._loop is not None, "listen() first"

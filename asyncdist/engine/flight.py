@@ -46,6 +46,11 @@ class Flight:
         self.hang_warn = hang_warn_from_env(os.environ)
         self.whereabouts = Whereabouts(me.rank, self.recorder, connections)
 
+    def widen(self, world_size: int) -> None:
+        """Count and dump for the ids below ``world_size`` too (processes a grow admitted)."""
+        self.counters.widen(world_size)
+        self.dumps.world_size = world_size
+
     def control(self, rank: int, header: Header) -> None:
         """A WHERE or HERE frame from ``rank``."""
         if header.kind == Kind.WHERE:
