@@ -101,6 +101,11 @@ def timeline(trace: Trace) -> dict[str, Any]:
         timed += [((send["rank"], send["lane"], start["ts"], 2), start),
                   ((recv["rank"], recv["lane"], finish["ts"], -1), finish)]
     timed.sort(key=lambda item: item[0])
-    names = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}}
-             for rank in sorted(trace.dumps)]
+    # Metadata, so that viewers name the tracks "rank r" / "ops" and order them by rank.
+    names = [{"name": key, "ph": "M", "pid": rank, "tid": 0, "args": value}
+             for rank in sorted(trace.dumps)
+             for key, value in (("process_name", {"name": f"rank {rank}"}), ("process_sort_index", {"sort_index": rank}))]
+    names += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": lane,
+               "args": {"name": "ops" if lane == 0 else f"ops, overlapping ({lane})"}}
+              for rank, lane in sorted({(span["rank"], span["lane"]) for span in spans})]
     return {"traceEvents": names + [event for _, event in timed], "displayTimeUnit": "ms"}

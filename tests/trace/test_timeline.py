@@ -59,6 +59,11 @@ async def test_the_timeline_is_well_formed_trace_event_json(tmp_path: Path) -> N
             assert stacks[track], f"a flow event outside a slice: {event}"
             flows[event["id"]].append(event)
     assert not any(stacks.values()), "a begin without an end"
+    metadata = {(e["name"], e["pid"], e["tid"]): e["args"] for e in events if e["ph"] == "M"}
+    for track in last_ts:  # every track named, every rank's tracks ordered by rank
+        assert metadata[("thread_name", track[0], track[1])]["name"].startswith("ops")
+        assert metadata[("process_sort_index", track[0], 0)] == {"sort_index": track[0]}
+        assert metadata[("process_name", track[0], 0)] == {"name": f"rank {track[0]}"}
 
     trace = load(tmp_path)
     begins = [e for e in events if e["ph"] == "B"]
