@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..reduce import kernels as ops
 from ..buffers.host import ITEMSIZES, HostBuffer
-from .direct import direct_gather, direct_scatter
+from .direct import direct_gather
 
 if TYPE_CHECKING:
     import asyncio

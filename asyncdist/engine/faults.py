@@ -115,13 +115,7 @@ class Faults:
     def send(self, rank: int, header: Header) -> bool:
         """Send a header-only control frame to ``rank`` (best effort); False if it is lost."""
         connection = self._connections.get(rank)
-        if connection is None:
-            return False
-        try:
-            connection.send_frame(encode_header(header), None)
-        except PeerLostError:
-            return False
-        return True
+        return connection is not None and connection.send_control(header)
 
     # -- losses and exclusion -------------------------------------------------------
 

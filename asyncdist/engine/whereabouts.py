@@ -28,9 +28,9 @@ from typing import Any, Mapping
 
 from .descriptions import short
 from .recorder import Recorder
-from ..errors import InvalidArgumentError, PeerLostError
+from ..errors import InvalidArgumentError
 from ..transport.stream import Connection
-from ..wire.frames import Header, Kind, encode_header
+from ..wire.frames import Header, Kind
 
 __all__ = ["Whereabouts", "HANG_WARN_ENV", "hang_warn_from_env"]
 
@@ -162,13 +162,7 @@ class Whereabouts:
     def _send(self, rank: int, header: Header) -> bool:
         """Send a frame without payload to ``rank``; False if it cannot go."""
         connection = self._connections.get(rank)
-        if connection is None:
-            return False
-        try:
-            connection.send_frame(encode_header(header), None)
-        except PeerLostError:
-            return False
-        return True
+        return connection is not None and connection.send_control(header)
 
     async def close(self) -> None:
         """Log the warnings still waiting for answers with what came, and end them."""

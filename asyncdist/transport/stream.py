@@ -139,6 +139,14 @@ class Connection:
 
     # -- writing -----------------------------------------------------------
 
+    def send_control(self, header: Header) -> bool:
+        """Send a frame without payload, best effort (control frames); False if closed."""
+        try:
+            self.send_frame(encode_header(header), None)
+        except PeerLostError:
+            return False
+        return True
+
     def send_frame(self, header: bytes, payload: memoryview | None) -> asyncio.Future | None:
         """Queue one frame; return ``None`` if it went to the kernel at once,
         else a future resolved when its last byte has.
