@@ -25,6 +25,7 @@ Importing this package imports Ray; nothing else in asyncdist does.
 
 from __future__ import annotations
 
+from .rank import grow, shrink
 from .world import RayWorld, ray_world
 
-__all__ = ["RayWorld", "ray_world"]
+__all__ = ["RayWorld", "grow", "ray_world", "shrink"]
