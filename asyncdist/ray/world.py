@@ -68,6 +68,7 @@ class RayWorld:
         self.address: Any = None  # the store's (host, port), once served
         self._known = list(actors)  # every handle that may be a member: the first ranks, then the rejoined
         self._changing = False  # a kill or rejoin happened: refresh after the next gather
+        self._store_lost = False  # rank 0's actor, which serves the store, was killed by kill()
 
     @property
     def size(self) -> int:
@@ -120,6 +121,7 @@ class RayWorld:
         can neither shrink nor grow.
         """
         self._changing = True
+        self._store_lost |= self.actors[rank] is self._known[0]  # ray.kill returns before the actor is dead
         ray.kill(self.actors[rank], no_restart=not restart)
 
     def rejoin(self, actor: Any) -> ray.ObjectRef:
@@ -133,7 +135,7 @@ class RayWorld:
                 restarted (its store went with it).
         """
         try:
-            serving = ray.get(self._known[0].serves_store.remote())
+            serving = not self._store_lost and ray.get(self._known[0].serves_store.remote())
         except RayActorError:
             serving = False
         if not serving:
