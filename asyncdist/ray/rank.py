@@ -125,9 +125,14 @@ class Rank:
         self._world = group
         self.rank, self.world_size = group.rank, group.size
 
-    def membership(self) -> tuple[int, tuple[int, ...], str] | None:
+    async def membership(self, settle: bool = False) -> tuple[int, tuple[int, ...], str] | None:
         """This rank in its await world, the world's job ids by rank, and this
-        node's address; None before the rank has a world (a restarted actor)."""
+        node's address; None before the rank has a world (a restarted actor).
+        ``settle``: first let a join under way finish (the driver asks so only
+        when the members already count this actor in)."""
+        if settle:
+            async with self._joining:
+                pass
         if self._world is None:
             return None
         return self._world.rank, tuple(self._world.ranks), self._node_address()

@@ -162,12 +162,11 @@ class RayWorld:
 
     def _refresh(self, *, strict: bool) -> None:
         members: dict[int, tuple[Any, str]] = {}
-        groups = set()
-        for actor, outcome in zip(self._known, _outcomes([a.membership.remote() for a in self._known])):
-            if outcome is not None and not isinstance(outcome, BaseException):
-                rank, ids, node = outcome
-                members[rank] = (actor, node)
-                groups.add(ids)
+        groups: set[tuple[int, ...]] = set()
+        silent = self._ask(self._known, members, groups, settle=False)
+        if len(groups) == 1 and len(members) < len(next(iter(groups))):
+            # The members count in a newcomer whose join is still finishing: wait for it.
+            self._ask(silent, members, groups, settle=True)
         if len(groups) != 1 or sorted(members) != list(range(len(next(iter(groups))))):
             if strict:
                 raise RendezvousError(f"RayWorld.refresh: the live actors are not all in one group (ranks "
@@ -177,6 +176,21 @@ class RayWorld:
         self.nodes = [members[r][1] for r in sorted(members)]
         (self.ranks,) = groups
         self._changing = False
+
+    @staticmethod
+    def _ask(actors: list[Any], members: dict[int, tuple[Any, str]], groups: set[tuple[int, ...]],
+             settle: bool) -> list[Any]:
+        """Add each of ``actors``' membership to ``members`` and ``groups``;
+        returns the live actors that have no world."""
+        silent = []
+        for actor, outcome in zip(actors, _outcomes([a.membership.remote(settle) for a in actors])):
+            if outcome is None:
+                silent.append(actor)
+            elif not isinstance(outcome, BaseException):
+                rank, ids, node = outcome
+                members[rank] = (actor, node)
+                groups.add(ids)
+        return silent
 
     def shutdown(self) -> None:
         """Close every live rank (rank 0's actor, which serves the store, last),
