@@ -186,7 +186,6 @@ class Rank:
         return await asyncio.get_running_loop().run_in_executor(STORE_EXECUTOR, call)
 
 
-
 async def shrink(group: ProcessGroup, **kwargs: Any) -> ProcessGroup:
     """``group.shrink(**kwargs)`` inside a Ray rank, and make the result the
     rank's group for later functions (what the driver's ``refresh`` reports).
@@ -217,7 +216,7 @@ def _current(what: str, group: ProcessGroup) -> Rank:
     if rank is None:
         raise NotInitializedError(f"asyncdist.ray.{what}: call it inside a function that RayWorld.run runs "
                                   f"(an async def, on a rank's actor); elsewhere, call group.{what}() itself")
-    if group.ranks[0] != _STORE_RANK or 0 in group.failed_ranks():
+    if group.ranks[0] != _STORE_RANK or 0 in group.failed_ranks():  # group rank 0 is the store's rank
         raise PeerLostError(f"asyncdist.ray.{what} on rank {group.rank}: rank 0 of the Ray world, whose actor "
                             f"serves its store, was lost; a Ray world cannot shrink or grow without it "
                             f"(keep rank 0 alive, or start a new world)", _STORE_RANK)

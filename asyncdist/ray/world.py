@@ -57,7 +57,8 @@ class RayWorld:
         nodes: each rank's node address, by rank.
         ranks: each rank's id in the job, by rank (``range(n)`` at first; after
             a shrink and a rejoin, e.g. ``(0, 1, 3)``: a rejoined actor gets a new id).
-        address: the store's ``(host, port)``, in rank 0's actor.
+        address: the store's ``(host, port)`` in rank 0's actor, as the
+            ObjectRef that rank 0 answered (Ray resolves it in each call it is passed to).
     """
 
     def __init__(self, actors: list[Any], group: PlacementGroup, nodes: list[str]) -> None:
@@ -65,7 +66,7 @@ class RayWorld:
         self.placement_group = group
         self.nodes = nodes
         self.ranks: tuple[int, ...] = tuple(range(len(actors)))
-        self.address: Any = None  # the store's (host, port), once served
+        self.address: Any = None  # the ObjectRef of the store's (host, port), once served
         self._known = list(actors)  # every handle that may be a member: the first ranks, then the rejoined
         self._changing = False  # a kill or rejoin happened: refresh after the next gather
         self._store_lost = False  # rank 0's actor, which serves the store, was killed by kill()
