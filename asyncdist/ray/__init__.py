@@ -16,6 +16,12 @@ run on every rank from the driver::
             return x
         print(world.run(step))
 
+After a killed actor, the survivors' async functions call
+``await asyncdist.ray.shrink(pg)`` and go on; an actor that Ray restarted
+(``max_restarts``) comes back by ``world.rejoin(actor)`` while they call
+``await asyncdist.ray.grow(pg, min_joiners=1)``. Rank 0's actor serves the
+store and must survive (docs/ray.md, "Surviving a killed actor").
+
 For Ray Train, no code of this package is needed: ``TorchTrainer(...,
 torch_config=TorchConfig(backend="asyncdist"))`` runs DDP over asyncdist's
 torch backend (see docs/ray.md).
@@ -25,6 +31,7 @@ Importing this package imports Ray; nothing else in asyncdist does.
 
 from __future__ import annotations
 
+from .rank import grow, shrink
 from .world import RayWorld, ray_world
 
-__all__ = ["RayWorld", "ray_world"]
+__all__ = ["RayWorld", "grow", "ray_world", "shrink"]

@@ -17,6 +17,14 @@ loop (the await world's heartbeat runs there), so it runs on one dedicated
 thread of the actor, where it may use the facade (``import asyncdist as
 dist``); the facade has its own loop thread, as in any process.
 
+After a lost rank, an async function may :func:`shrink` the rank's group
+and later :func:`grow` it; both make the result the rank's group for every
+later function (:meth:`Rank.adopt`), and :meth:`Rank.membership` tells the
+driver the new numbering. An actor that Ray restarted (``max_restarts``) comes
+back with no world; :meth:`Rank.join` joins the running job through the same
+store (``init_world(..., join=True)``) while the others grow. The store lives
+in rank 0's actor: a world whose rank 0 was lost can do neither.
+
 This module imports nothing of Ray: it runs inside the actor and must not
 know how it was placed or started.
 """
@@ -24,11 +32,12 @@ know how it was placed or started.
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Awaitable, Callable
 
-from ..errors import NotInitializedError
+from ..errors import NotInitializedError, PeerLostError
 from ..facade import lifecycle
 from ..group.process_group import ProcessGroup
 from ..group.world import init_world
@@ -37,10 +46,14 @@ from ..rendezvous.store_threads import STORE_EXECUTOR
 from ..rendezvous.tcp_store import TCPStore
 from ..transport.heartbeat import HeartbeatConfig
 
-__all__ = ["Rank"]
+__all__ = ["Rank", "grow", "shrink"]
 
 _AWAIT_PREFIX = "await"
 _FACADE_PREFIX = "facade"
+_STORE_RANK = 0  # the job id of the rank whose actor serves the store
+
+#: The rank whose actor runs the current async function (set by :meth:`Rank.run_async`).
+_CURRENT: ContextVar[Rank] = ContextVar("asyncdist_ray_rank")
 
 
 class Rank:
@@ -64,6 +77,7 @@ class Rank:
         self._heartbeat = heartbeat
         self._node_address = node_address
         self._store: TCPStore | None = None
+        self._serving = False
         self._world: ProcessGroup | None = None
         self._facade = False
         self._joining = asyncio.Lock()  # calls run concurrently on an async actor: one join per face
@@ -75,6 +89,7 @@ class Rank:
         self._store = await self._in_store_thread(
             lambda: TCPStore(host, 0, self.world_size, is_master=True, timeout=self._timeout,
                              wait_for_workers=False, secret=self._secret))
+        self._serving = True
         return host, self._store.port
 
     async def connect(self, address: tuple[str, int]) -> str:
@@ -92,7 +107,46 @@ class Rank:
                 self._world = await init_world(
                     store=self._require_store(), rank=self.rank, world_size=self.world_size, timeout=self._timeout,
                     store_prefix=_AWAIT_PREFIX, heartbeat=self._heartbeat, group_name="ray")
+        _CURRENT.set(self)  # this call's context only: for shrink() and grow() inside fn
         return await fn(self._world, *args, **kwargs)
+
+    async def join(self, address: tuple[str, int]) -> int:
+        """Join the running job through its store at ``address`` (an actor that
+        Ray restarted), once its members grow; returns this rank in the grown group."""
+        await self.connect(address)
+        async with self._joining:
+            self.adopt(await init_world(
+                store=self._require_store(), timeout=self._timeout, store_prefix=_AWAIT_PREFIX,
+                heartbeat=self._heartbeat, group_name="ray", join=True))
+        return self.rank
+
+    def adopt(self, group: ProcessGroup) -> None:
+        """Make ``group`` (a shrunk or grown world) this rank's group for later functions."""
+        self._world = group
+        self.rank, self.world_size = group.rank, group.size
+
+    async def membership(self, settle: bool = False) -> tuple[int, tuple[int, ...], str] | None:
+        """This rank in its await world, the world's job ids by rank, and this
+        node's address; None before the rank has a world (a restarted actor).
+        ``settle``: first let a join under way finish (the driver asks so only
+        when the members already count this actor in)."""
+        if settle:
+            async with self._joining:
+                pass
+        if self._world is None:
+            return None
+        return self._world.rank, tuple(self._world.ranks), self._node_address()
+
+    @property
+    def group(self) -> ProcessGroup:
+        """This rank's current await world (the last one adopted)."""
+        if self._world is None:
+            raise NotInitializedError(f"rank {self.rank} of the Ray world has not joined its await world yet")
+        return self._world
+
+    def serves_store(self) -> bool:
+        """Whether this actor serves the world's store (rank 0, not restarted since)."""
+        return self._serving
 
     async def run_blocking(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """Call ``fn(*args, **kwargs)`` on this rank's thread, after the facade's
@@ -131,3 +185,39 @@ class Rank:
         # The store's client blocks; the actor's loop must not (other ranks' calls arrive on it).
         return await asyncio.get_running_loop().run_in_executor(STORE_EXECUTOR, call)
 
+
+async def shrink(group: ProcessGroup, **kwargs: Any) -> ProcessGroup:
+    """``group.shrink(**kwargs)`` inside a Ray rank, and make the result the
+    rank's group for later functions (what the driver's ``refresh`` reports).
+
+    Raises:
+        PeerLostError: rank 0, whose actor serves the store, is lost.
+    """
+    rank = _current("shrink", group)
+    rank.adopt(await group.shrink(**kwargs))
+    return rank.group
+
+
+async def grow(group: ProcessGroup, **kwargs: Any) -> ProcessGroup:
+    """``group.grow(**kwargs)`` inside a Ray rank (``min_joiners=1`` waits for a
+    restarted actor's :meth:`Rank.join`), and make the result the rank's group.
+
+    Raises:
+        PeerLostError: rank 0, whose actor serves the store, is lost.
+    """
+    rank = _current("grow", group)
+    rank.adopt(await group.grow(**kwargs))
+    return rank.group
+
+
+def _current(what: str, group: ProcessGroup) -> Rank:
+    """The Ray rank running this function, after checking that its store still lives."""
+    rank = _CURRENT.get(None)
+    if rank is None:
+        raise NotInitializedError(f"asyncdist.ray.{what}: call it inside a function that RayWorld.run runs "
+                                  f"(an async def, on a rank's actor); elsewhere, call group.{what}() itself")
+    if group.ranks[0] != _STORE_RANK or 0 in group.failed_ranks():  # group rank 0 is the store's rank
+        raise PeerLostError(f"asyncdist.ray.{what} on rank {group.rank}: rank 0 of the Ray world, whose actor "
+                            f"serves its store, was lost; a Ray world cannot shrink or grow without it "
+                            f"(keep rank 0 alive, or start a new world)", _STORE_RANK)
+    return rank

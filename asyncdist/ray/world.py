@@ -15,6 +15,11 @@ re-raised as itself, and a rank whose actor died (``ray.kill``, a crash, a lost
 node) as :class:`~asyncdist.errors.PeerLostError` naming that rank; the other
 ranks get PeerLostError from asyncdist's own connections and heartbeat.
 
+After a lost rank, the survivors' functions shrink (:func:`~.rank.shrink`)
+and grow (:func:`~.rank.grow`) their group; an actor that Ray restarts
+rejoins with :meth:`RayWorld.rejoin`. The driver's :attr:`RayWorld.actors`
+then follows the ranks' current group (:meth:`RayWorld.refresh`).
+
 This module and :mod:`asyncdist.ray` are the only ones that import Ray.
 """
 
@@ -46,15 +51,25 @@ class RayWorld:
     :meth:`shutdown`, to close the ranks and free their placement group.
 
     Attributes:
-        actors: the rank actors' handles, by rank.
+        actors: the rank actors' handles, by rank in the ranks' current group
+            (after a shrink or grow: as :meth:`refresh` last found it).
         placement_group: the Ray placement group the ranks run in.
         nodes: each rank's node address, by rank.
+        ranks: each rank's id in the job, by rank (``range(n)`` at first; after
+            a shrink and a rejoin, e.g. ``(0, 1, 3)``: a rejoined actor gets a new id).
+        address: the store's ``(host, port)`` in rank 0's actor, as the
+            ObjectRef that rank 0 answered (Ray resolves it in each call it is passed to).
     """
 
     def __init__(self, actors: list[Any], group: PlacementGroup, nodes: list[str]) -> None:
         self.actors = actors
         self.placement_group = group
         self.nodes = nodes
+        self.ranks: tuple[int, ...] = tuple(range(len(actors)))
+        self.address: Any = None  # the ObjectRef of the store's (host, port), once served
+        self._known = list(actors)  # every handle that may be a member: the first ranks, then the rejoined
+        self._changing = False  # a kill or rejoin happened: refresh after the next gather
+        self._store_lost = False  # rank 0's actor, which serves the store, was killed by kill()
 
     @property
     def size(self) -> int:
@@ -94,22 +109,100 @@ class RayWorld:
                 outcomes.append(ray.get(ref))
             except (RayTaskError, RayActorError) as exc:
                 outcomes.append(_translate(exc, rank))
+        if self._changing:
+            self._refresh(strict=False)
         return outcomes
 
-    def kill(self, rank: int) -> None:
-        """Kill rank ``rank``'s actor at once, as a crash would (``ray.kill``, no restart)."""
-        ray.kill(self.actors[rank], no_restart=True)
+    def kill(self, rank: int, *, restart: bool = False) -> None:
+        """Kill rank ``rank``'s actor at once, as a crash would (``ray.kill``).
+
+        With ``restart=True``, Ray restarts it where its ``max_restarts``
+        (``actor_options``) allows; the restarted actor has no world until
+        :meth:`rejoin`. Rank 0's actor serves the store: a world that lost it
+        can neither shrink nor grow.
+        """
+        self._changing = True
+        self._store_lost |= self.actors[rank] is self._known[0]  # ray.kill returns before the actor is dead
+        ray.kill(self.actors[rank], no_restart=not restart)
+
+    def rejoin(self, actor: Any) -> ray.ObjectRef:
+        """Have ``actor`` (one that Ray restarted) join the running world through
+        its store, as a newcomer (``init_world(..., join=True)``); returns an
+        ObjectRef to its rank in the grown group, ready once the ranks'
+        function calls :func:`asyncdist.ray.grow` (e.g. ``min_joiners=1``).
+
+        Raises:
+            PeerLostError: rank 0's actor, which serves the store, died or was
+                restarted (its store went with it).
+        """
+        try:
+            serving = not self._store_lost and ray.get(self._known[0].serves_store.remote())
+        except RayActorError:
+            serving = False
+        if not serving:
+            raise PeerLostError("ray_world: rank 0's actor, which serves the world's store, died or was restarted: "
+                                "no actor can rejoin this world (keep rank 0 alive, or start a new world)", 0)
+        self._changing = True
+        if not any(actor is known for known in self._known):
+            self._known.append(actor)
+        return actor.join.remote(self.address)
+
+    def refresh(self) -> tuple[int, ...]:
+        """Ask every actor for its rank in its current group (after a shrink or
+        grow) and renumber :attr:`actors`, :attr:`nodes` and :attr:`ranks` by it;
+        returns :attr:`ranks` (blocks). A dead actor, or a restarted one that
+        has not rejoined, is left out. :meth:`gather` (so :meth:`run`) does this
+        by itself after a kill or a rejoin.
+
+        Raises:
+            RendezvousError: the live actors are not all in one group (a shrink
+                or grow is still under way, or some ranks did not take part).
+        """
+        self._refresh(strict=True)
+        return self.ranks
+
+    def _refresh(self, *, strict: bool) -> None:
+        members: dict[int, tuple[Any, str]] = {}
+        groups: set[tuple[int, ...]] = set()
+        silent = self._ask(self._known, members, groups, settle=False)
+        if len(groups) == 1 and len(members) < len(next(iter(groups))):
+            # The members count in a newcomer whose join is still finishing: wait for it.
+            self._ask(silent, members, groups, settle=True)
+        if len(groups) != 1 or sorted(members) != list(range(len(next(iter(groups))))):
+            if strict:
+                raise RendezvousError(f"RayWorld.refresh: the live actors are not all in one group (ranks "
+                                      f"{sorted(members)} of groups {sorted(groups)}): is a shrink or grow under way?")
+            return
+        self.actors = [members[r][0] for r in sorted(members)]
+        self.nodes = [members[r][1] for r in sorted(members)]
+        (self.ranks,) = groups
+        self._changing = False
+
+    @staticmethod
+    def _ask(actors: list[Any], members: dict[int, tuple[Any, str]], groups: set[tuple[int, ...]],
+             settle: bool) -> list[Any]:
+        """Add each of ``actors``' membership to ``members`` and ``groups``;
+        returns the live actors that have no world."""
+        silent = []
+        for actor, outcome in zip(actors, _outcomes([a.membership.remote(settle) for a in actors])):
+            if outcome is None:
+                silent.append(actor)
+            elif not isinstance(outcome, BaseException):
+                rank, ids, node = outcome
+                members[rank] = (actor, node)
+                groups.add(ids)
+        return silent
 
     def shutdown(self) -> None:
-        """Close every live rank (rank 0, which serves the store, last), then
-        end the actors and free the placement group (blocks; idempotent)."""
-        if self.actors:
-            first, *others = self.actors
-            _settle([actor.close.remote() for actor in others])
-            _settle([first.close.remote()])
-            for actor in self.actors:
+        """Close every live rank (rank 0's actor, which serves the store, last),
+        then end the actors and free the placement group (blocks; idempotent)."""
+        if self._known:
+            first, *others = self._known
+            _outcomes([actor.close.remote() for actor in others])
+            _outcomes([first.close.remote()])
+            for actor in self._known:
                 ray.kill(actor, no_restart=True)
-            self.actors = []
+            self.actors, self._known = [], []
             remove_placement_group(self.placement_group)
 
     def __enter__(self) -> RayWorld:
@@ -189,6 +282,7 @@ def ray_world(
     world = RayWorld(actors, group, [])
     try:
         address = actors[0].serve_store.remote()  # an ObjectRef: Ray hands the value to each connect
+        world.address = address  # rejoin() passes it on the same way
         joins = [actor.connect.remote(address) for actor in actors]
         joined, _ = ray.wait(joins, num_returns=n, timeout=timeout)
         if len(joined) < n:
@@ -209,13 +303,16 @@ def _results(outcomes: list[Any]) -> list[Any]:
     return outcomes
 
 
-def _settle(refs: list[ray.ObjectRef]) -> None:
-    """Wait for each of ``refs``, ignoring failures: a rank that died or failed has nothing left to close."""
+def _outcomes(refs: list[ray.ObjectRef]) -> list[Any]:
+    """Each of ``refs``' value, or its Ray error: a rank that died or failed has
+    nothing left to close or report."""
+    outcomes: list[Any] = []
     for ref in refs:
         try:
-            ray.get(ref)
-        except (RayTaskError, RayActorError):
-            pass
+            outcomes.append(ray.get(ref))
+        except (RayTaskError, RayActorError) as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 def _translate(exc: RayTaskError | RayActorError, rank: int) -> BaseException:

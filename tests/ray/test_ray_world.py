@@ -103,3 +103,58 @@ def test_bad_requests_fail_with_clear_errors() -> None:
         ray_world(2, strategy="EVERYWHERE")  # type: ignore[arg-type]
     with pytest.raises(RendezvousError, match="not placed within"):
         ray_world(2, cpus_per_rank=64, timeout=0.5)
+
+
+
+async def _survive(pg, steps: int, stalls: int) -> tuple[int, tuple[int, ...], list[float]]:
+    """docs/ray.md's loop: sum the ranks' ids + 1 each step; on a lost peer, shrink and redo the step."""
+    from asyncdist.errors import AsyncDistError
+    from asyncdist.ray import shrink
+    if pg.ranks[pg.rank] == stalls:
+        await asyncio.Event().wait()  # until killed: the others' first step waits for it
+    sums = []
+    while len(sums) < steps:
+        x = np.full(2, pg.ranks[pg.rank] + 1.0)
+        try:
+            await pg.all_reduce(x)
+            ok = 1
+        except AsyncDistError:  # the lost peer, or another survivor's revoke
+            await pg.revoke()
+            ok = 0
+        if await pg.agree(ok):  # the same answer on every survivor
+            sums.append(float(x[0]))
+        else:
+            pg = await shrink(pg)  # this rank's group from now on, also for the driver
+    return pg.rank, tuple(pg.ranks), sums
+
+
+async def _grow(pg) -> tuple[int, tuple[int, ...]]:
+    from asyncdist.ray import grow
+    pg = await grow(pg, min_joiners=1)  # waits for the restarted actor
+    return pg.rank, tuple(pg.ranks)
+
+
+def test_survivors_shrink_and_a_restarted_actor_rejoins() -> None:
+    with ray_world(N, heartbeat=HEARTBEAT, timeout=60, actor_options={"max_restarts": 1}) as world:
+        first_pids = [pid for _, pid in world.run(_reduce_and_gather)[0][2]]
+        restarted = world.actors[2]
+        refs = world.submit(_survive, 5, stalls=2)
+        world.kill(2, restart=True)
+        outcomes = world.gather(refs)
+        assert isinstance(outcomes[2], PeerLostError) and outcomes[2].rank == 2
+        assert outcomes[:2] == [(0, (0, 1), [3.0] * 5), (1, (0, 1), [3.0] * 5)]  # 1 + 2, five times
+        assert world.ranks == (0, 1) and world.size == 2  # the driver follows the shrink
+        joined = world.rejoin(restarted)  # the restarted actor joins through rank 0's store ...
+        assert world.run(_grow) == [(0, (0, 1, 3)), (1, (0, 1, 3))]  # ... while the survivors grow
+        assert ray.get(joined) == 2
+        assert world.ranks == (0, 1, 3) and world.actors[2] is restarted  # a new job id, the next rank
+        expected = sum(_inputs(r) for r in range(N))
+        results = world.run(_reduce_and_gather)
+        for rank, (got_rank, x, gathered) in enumerate(results):
+            assert got_rank == rank
+            np.testing.assert_array_equal(x, expected)
+        pids = [pid for _, pid in results[0][2]]
+        assert pids[:2] == first_pids[:2] and pids[2] != first_pids[2]  # rank 2 is a new process
+        world.kill(0)  # the store goes with rank 0's actor: nobody can rejoin any more
+        with pytest.raises(PeerLostError, match="serves the world's store"):
+            world.rejoin(restarted)
