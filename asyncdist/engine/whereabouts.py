@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 from .descriptions import short
 from .recorder import Recorder
-from ..errors import InvalidArgumentError
+from ..timeouts import seconds_from_env
 from ..transport.stream import Connection
 from ..wire.frames import Header, Kind
 
@@ -48,16 +48,7 @@ def hang_warn_from_env(environ: Any) -> float:
     Raises:
         InvalidArgumentError: not a number of seconds >= 0.
     """
-    text = environ.get(HANG_WARN_ENV, "").strip()
-    if not text:
-        return DEFAULT_HANG_WARN
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise InvalidArgumentError(f"{HANG_WARN_ENV} must be a number of seconds >= 0, got {text!r}")
-    return seconds
+    return seconds_from_env(environ, HANG_WARN_ENV, DEFAULT_HANG_WARN)
 
 
 def _state(answer: dict[str, Any]) -> str:

@@ -31,7 +31,7 @@ import logging
 import os
 from typing import Mapping
 
-from ..errors import InvalidArgumentError
+from ..timeouts import seconds_from_env
 
 __all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text",
            "ranks_named"]
@@ -69,16 +69,7 @@ def report_every(environ: Mapping[str, str] = os.environ) -> float:
     Raises:
         InvalidArgumentError: not a number >= 0.
     """
-    text = environ.get(REPORT_EVERY_ENV, "").strip()
-    if not text:
-        return _DEFAULT_EVERY
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # also NaN
-        raise InvalidArgumentError(f"{REPORT_EVERY_ENV} must be a number of seconds >= 0, got {text!r}")
-    return value
+    return seconds_from_env(environ, REPORT_EVERY_ENV, _DEFAULT_EVERY, finite=False)
 
 
 class WaitReports:
