@@ -8,29 +8,35 @@ busy 2-core VM, 10-13 us on a quiet one), so the bench measures it in every
 run, just before the series, and prints each small row as a multiple of it:
 the multiple is what carries from one machine to another.
 
-Two floors are measured, each as a ping-pong of 8 B over TCP on loopback
-(``TCP_NODELAY``, as asyncdist's links), half the round trip:
+Two socket floors are measured, each as a ping-pong of 8 B over TCP on
+loopback (``TCP_NODELAY``, as asyncdist's links), half the round trip:
 
 * ``blocking``: plain blocking sockets, ``sendall`` then ``recv``;
 * ``uvloop``: an :class:`asyncio.Protocol` on the loop asyncdist's ranks
   run (uvloop where installed, unless ``ASYNCDIST_LOOP=asyncio``), the best
   an event loop does.
 
-:attr:`Floor.us` is the smaller of the two. Each is the median of
-:data:`REPS` repetitions of :data:`ROUND_TRIPS` round trips, in a child
-process started just for it (nothing of asyncdist is imported there).
+:attr:`Floor.us` is the smaller of the two. A third figure, ``shm_us``, is
+what goes below it: the same ping-pong through two of asyncdist's
+shared-memory rings (:mod:`asyncdist.transport.shared_ring`), both sides
+spinning, in Python, with none of the runtime around them: the least a
+same-host message costs here. Each is the median of :data:`REPS`
+repetitions of :data:`ROUND_TRIPS` round trips, against a child process
+started just for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import socket
 import statistics
 from dataclasses import dataclass
 from time import perf_counter
 
 from ..loop.thread import new_event_loop
+from ..transport.shared_ring import Ring, supported
 
 __all__ = ["Floor", "measure", "ROUND_TRIPS", "REPS", "MESSAGE"]
 
@@ -41,11 +47,12 @@ MESSAGE = b"\0" * 8
 
 @dataclass(frozen=True, slots=True)
 class Floor:
-    """The two floors of one run, microseconds one way (median of repetitions)."""
+    """The floors of one run, microseconds one way (median of repetitions)."""
 
     blocking_us: float
     uvloop_us: float
     loop: str  # "uvloop" or "asyncio": what the event-loop floor ran on
+    shm_us: float | None = None  # through shared-memory rings (None: not on this platform)
 
     @property
     def us(self) -> float:
@@ -54,7 +61,8 @@ class Floor:
 
     def describe(self) -> str:
         return (f"socket floor (8 B ping-pong over TCP loopback, one way): {self.us:.1f} us "
-                f"(blocking sockets {self.blocking_us:.1f} us, {self.loop} Protocol {self.uvloop_us:.1f} us)")
+                f"(blocking sockets {self.blocking_us:.1f} us, {self.loop} Protocol {self.uvloop_us:.1f} us)"
+                + ("" if self.shm_us is None else f"; shared-memory rings {self.shm_us:.2f} us"))
 
 
 def _exact(sock: socket.socket, n: int) -> None:
@@ -134,6 +142,59 @@ async def _protocol(sock: socket.socket) -> list[float]:
     return times
 
 
+_RING_BYTES = 4096
+_LOOKS_PER_YIELD = 256
+
+
+def _take(ring: Ring, dest: memoryview) -> None:
+    """Spin until ``dest.nbytes`` are readable, and read them. Every
+    :data:`_LOOKS_PER_YIELD` looks the core is yielded: where the two
+    processes share one, the other must get to run (a yield per look would
+    cost more than the message)."""
+    looks = 0
+    while ring.readable() < dest.nbytes:
+        looks += 1
+        if looks % _LOOKS_PER_YIELD == 0:
+            os.sched_yield()
+    ring.get(dest, dest.nbytes)
+
+
+def _ring_echo(pid: int, inbound: tuple[int, bytes], outbound: tuple[int, bytes], total: int) -> None:
+    """Child: echo ``total`` 8 B messages from one ring of process ``pid`` into the other."""
+    reader = Ring.attach(pid, *inbound, _RING_BYTES)
+    writer = Ring.attach(pid, *outbound, _RING_BYTES)
+    message = memoryview(bytearray(len(MESSAGE)))
+    for _ in range(total):
+        _take(reader, message)
+        writer.put(message)
+        writer.publish()
+
+
+def _shared_memory(context: multiprocessing.context.SpawnContext) -> float:
+    """The 8 B ping-pong through two rings, one way, median of repetitions."""
+    (to_child, child_fd, child_nonce), (from_child, fd, nonce) = Ring.create(_RING_BYTES), Ring.create(_RING_BYTES)
+    child = context.Process(target=_ring_echo, args=(os.getpid(), (child_fd, child_nonce), (fd, nonce), REPS * ROUND_TRIPS),
+                            daemon=True)  # fmt: skip
+    child.start()
+    message, reply = memoryview(MESSAGE), memoryview(bytearray(len(MESSAGE)))
+    times = []
+    try:
+        for _ in range(REPS):
+            start = perf_counter()
+            for _ in range(ROUND_TRIPS):
+                to_child.put(message)
+                to_child.publish()
+                _take(from_child, reply)
+            times.append((perf_counter() - start) / ROUND_TRIPS / 2 * 1e6)
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+        for descriptor in (child_fd, fd):
+            os.close(descriptor)
+    return statistics.median(times)
+
+
 def measure() -> Floor:
     """Measure both floors (blocks well under a second on an idle machine).
 
@@ -160,4 +221,5 @@ def measure() -> Floor:
             child.join(timeout=10)  # it exits after its last echo
             if child.is_alive():
                 child.kill()
-    return Floor(statistics.median(blocking), statistics.median(evented), kind)
+    shm = _shared_memory(context) if supported() else None
+    return Floor(statistics.median(blocking), statistics.median(evented), kind, shm)

@@ -315,5 +315,5 @@ def to_json(
         "rows": [_row_json(row, grouped[row.op][row.nbytes]) for row in rows],
         "facade_overhead_us": facade_overheads(rows),
         "floor_us": None if floor is None else {
-            "floor": floor.us, "blocking": floor.blocking_us, floor.loop: floor.uvloop_us},
+            "floor": floor.us, "blocking": floor.blocking_us, floor.loop: floor.uvloop_us, "shm": floor.shm_us},
     }

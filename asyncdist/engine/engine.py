@@ -4,21 +4,21 @@ One :class:`Engine` per rank (per process, or per simulated rank in a
 one-loop test world). It knows ranks, contexts and tags, never group names
 or collectives. It owns:
 
-* one :class:`~asyncdist.transport.stream.Connection` per peer; the
+* one :class:`~asyncdist.transport.stream.Connection` per peer (through a
+  shared-memory ring to a peer on this host); the
   :class:`~asyncdist.transport.mesh.Mesh` listens, accepts (strangers are
   refused there) and dials, the higher rank of each pair dialing the lower;
-* the :class:`~asyncdist.engine.mailbox.Mailbox`: its receives and unexpected
-  messages, and a :class:`~asyncdist.engine.mailbox.PeerInbox` per connection that
-  routes each payload as its header arrives (straight into a posted
-  receive's buffer, folded into it, or held until its receive comes);
+* the :class:`~asyncdist.engine.mailbox.Mailbox`: receives and unexpected
+  messages, and a :class:`~asyncdist.engine.mailbox.PeerInbox` per connection
+  that routes each payload as its header arrives;
 * failure propagation: when a peer's stream ends, every receive that depends
   on that peer fails with :class:`PeerLostError`, now and later, and every
-  send to it fails too. Peers that are not involved are unaffected. A peer
-  that goes silent without closing its stream is found by the
+  send to it fails too. Peers not involved are unaffected. A peer that goes
+  silent without closing its stream is found by the
   :class:`~asyncdist.transport.heartbeat.Heartbeat` and lost the same way.
 
-Loop thread only. ``send`` and ``post_recv`` are plain functions that start
-the operation and return a future; nothing here blocks.
+Loop thread only. ``send`` and ``post_recv`` start the operation and return
+a future; nothing here blocks.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from .mailbox import Mailbox, PeerInbox
 from .matching import Fold, PostedRecv
 from ..transport.heartbeat import Heartbeat, HeartbeatConfig
 from ..transport.mesh import Mesh
+from ..transport.ring_link import RingPoller, ring_bytes
+from ..transport.spinning import spin_seconds
 from ..transport.stream import Connection
 from ..wire.frames import DEFAULT_MAX_PAYLOAD_BYTES, FrameDecoder, Header, Kind, encode_header
 
@@ -99,12 +101,15 @@ class Engine:
         self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
         self.flight = Flight(me, self._connections)  #: recorder, dumps, counters, hang questions
+        self._ring_bytes = ring_bytes(me.world_size)  # of the ring offered to each peer (0: none, offers refused)
+        self._rings: RingPoller | None = None  # polls them (from listen())
 
     # -- setup -------------------------------------------------------------
 
     async def listen(self, host: str, listener: socket.socket | None = None) -> tuple[str, int]:
         """Listen on an ephemeral port of ``host`` (or ``listener``); return (host, port) to publish."""
         self._loop = self.flight.dumps.loop = asyncio.get_running_loop()
+        self._rings = RingPoller(self._loop, spin_seconds())
         self.address = await self._mesh.listen(host, listener)
         self._heartbeat.start()
         return self.address
@@ -156,6 +161,8 @@ class Engine:
             peer_reads_me=access.peer_reads_me,
             me=self.rank,
         )
+        if self._rings is not None:  # the decoder of what comes through the ring
+            inbox.connection.use_rings(FrameDecoder(inbox, max_payload=self._max_payload) if self._ring_bytes else None, self._rings, self._ring_bytes)
         if self._arrival is not None and not self._arrival.done():
             self._arrival.set_result(None)
 
@@ -180,8 +187,7 @@ class Engine:
             PeerLostError: ``dst`` is lost or not connected.
             ClosedError: the engine is closed.
         """
-        connection = self._connections.get(dst)
-        if connection is None:
+        if (connection := self._connections.get(dst)) is None:
             raise self._unreachable(dst)
         if self.faults.refusing and (refused := self.faults.send_error(header.ctx)) is not None:
             raise refused  # one attribute test per message; the rest only after a revoke or an exclusion
@@ -213,6 +219,8 @@ class Engine:
         assert self._loop is not None
         recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op, fold)
         self._mailbox.post(recv, self._losses.fatal_for(recv))
+        if self._rings is not None:
+            self._rings.activity()  # its message may come through a ring: look for a while
         return recv
 
     def watch(
@@ -245,20 +253,15 @@ class Engine:
         return self._mailbox.call_error(ctx, tag)
 
     def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
-        """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
-        later, and its messages, queued or still to come, are dropped."""
+        """Fail call (ctx, tag)'s receives with ``error``, now and later; drop its messages."""
         self._mailbox.fail_call(ctx, tag, error)
 
     def send_abort(self, ranks: Iterable[int], ctx: int, tag: int, error: BaseException) -> None:
         """Tell ``ranks`` that call (ctx, tag) failed here with ``error`` (best effort)."""
-        frame = encode_header(abort_header(self.rank, ctx, tag, error))
+        header = abort_header(self.rank, ctx, tag, error)
         for rank in ranks:
-            connection = self._connections.get(rank)
-            if connection is not None:
-                try:
-                    connection.send_frame(frame, None)
-                except PeerLostError:
-                    pass
+            if (connection := self._connections.get(rank)) is not None:
+                connection.send_control(header)
 
     def is_lost(self, rank: int, *, crashed: bool = False) -> bool:
         """Whether ``rank`` crashed or was expelled, or (unless ``crashed``) left in order."""
@@ -272,17 +275,18 @@ class Engine:
         return self._mailbox.cancel(recv)
 
     def take_stale(self, ctx: int, below_tag: int) -> Header | None:
-        """Consume a message of ``ctx`` with a tag below ``below_tag`` that no
-        receive matched; return its header (None if there is none)."""
+        """Consume an unmatched message of ``ctx`` tagged below ``below_tag``; its header, or None."""
         return self._mailbox.take_stale(ctx, below_tag)
 
     def by_memory(self, rank: int, *, sending: bool) -> bool:
-        """Whether payloads sent to (``sending``) or received from ``rank``
-        can go by memory; False once the connection is gone."""
-        connection = self._connections.get(rank)
-        if connection is None:
+        """Whether payloads to (``sending``) or from ``rank`` go by memory reads (not once it is gone)."""
+        if (connection := self._connections.get(rank)) is None:
             return False
         return connection.peer_reads_me if sending else connection.peer_memory is not None
+
+    def same_host(self, rank: int) -> bool:
+        """Whether ``rank`` is linked to this one by shared memory (a ring, or memory reads)."""
+        return (connection := self._connections.get(rank)) is not None and (connection.peer_reads_me or connection.shares_memory)
 
     def peer_error(self, rank: int) -> PeerLostError | None:
         """The error that ended the stream to ``rank``, if it has ended."""
@@ -292,7 +296,10 @@ class Engine:
 
     def _control_frame(self, rank: int, header: Header) -> None:
         """A frame without a message's payload; a PING's arrival was its point."""
-        if header.kind == Kind.BYE:
+        if header.kind in (Kind.WAKE, Kind.RING):
+            if (rings := self._connections[rank].rings if rank in self._connections else None) is not None:
+                rings.on_wake() if header.kind == Kind.WAKE else rings.on_ring_frame(header)
+        elif header.kind == Kind.BYE:
             self._peer_lost(rank, PeerLostError(goodbye(rank, header.tag), rank), orderly=True)
         elif header.kind == Kind.ABORT:
             error = error_from_abort(header)
@@ -330,13 +337,11 @@ class Engine:
             connection.close(error)
         if not self.closed:
             log.log(logging.INFO if orderly else logging.WARNING, "rank %d lost rank %d: %s", self.rank, rank, error)
-        inbox = self._inboxes.pop(rank, None)
-        if inbox is not None:
+        if (inbox := self._inboxes.pop(rank, None)) is not None:
             inbox.lose(error)
         self._mailbox.fail_dependents(rank, self._losses.fatal_for, error)
         self.faults.lost(rank)
-        gone = self._peers_gone
-        if gone is not None and not self._connections and not gone.done():
+        if (gone := self._peers_gone) is not None and not self._connections and not gone.done():
             gone.set_result(None)
 
     async def _linger(self) -> None:
@@ -370,9 +375,11 @@ class Engine:
         # must not be what this rank's own receives report.
         self._mailbox.fail_all(ClosedError(f"rank {self.rank}: the process group was destroyed"))
         await self._heartbeat.stop()
+        if self._rings is not None:
+            self._rings.stop()
         bye = encode_header(Header(Kind.BYE, 0, self.rank, self.farewell_signal, 0, "uint8", (), 0))
         drains = []
-        for connection in self._connections.values():
+        for connection in list(self._connections.values()):  # a failed write loses its peer
             try:
                 connection.send_frame(bye, None)
             except PeerLostError:

@@ -36,7 +36,7 @@ def stats(calls: Calls, *, reset: bool = False) -> dict[str, Any]:
     peers = [rank for rank in calls.members.ranks if rank != engine.rank]
     contexts = (calls.p2p_context, calls.collective_context)
     snapshot = engine.flight.counters.snapshot(
-        peers, contexts, lambda rank: engine.by_memory(rank, sending=False) or engine.by_memory(rank, sending=True)
+        peers, contexts, engine.same_host
     )
     if reset:
         engine.flight.counters.reset()

@@ -32,7 +32,7 @@ keeps the loop always and every call is handed over.
 
 The calling thread runs its call's coroutine with a
 :class:`~asyncdist.loop.turns.Driver`: stepped like a Task, without one,
-and spinning briefly before it sleeps (:func:`~asyncdist.loop.turns.spin_seconds`).
+and spinning briefly before it sleeps (:func:`~asyncdist.transport.spinning.spin_seconds`).
 The loop is asyncio's own unless ``ASYNCDIST_LOOP=uvloop``: only asyncio's
 loop can be turned one iteration at a time by the Driver
 (:mod:`~asyncdist.loop.asyncio_internals`), and uvloop
@@ -68,7 +68,8 @@ from . import exits as loop_exits
 from ..errors import WrongThreadError
 from ..gpu.callers import caller_context
 from .asyncio_internals import running_loop_or_none
-from .turns import Driver, spin_seconds
+from ..transport.spinning import spin_seconds
+from .turns import Driver
 
 __all__ = ["LoopThread", "new_event_loop", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX"]
 

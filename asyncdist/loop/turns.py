@@ -54,38 +54,12 @@ import asyncio
 import contextvars
 import os
 import time
-from typing import Any, Coroutine, Mapping
+from typing import Any, Coroutine
 
 from ..group.work import create_task_in
 from .asyncio_internals import can_step, enter, leave, turn
 
-__all__ = ["Driver", "spin_seconds", "SPIN_ENV", "DEFAULT_SPIN_SECONDS"]
-
-#: Microseconds a blocking call spins before it sleeps (0: never spin).
-SPIN_ENV = "ASYNCDIST_SPIN_US"
-DEFAULT_SPIN_SECONDS = 1e-3
-
-
-def spin_seconds(environ: Mapping[str, str] = os.environ) -> float:
-    """How long a blocking call spins for the data it waits on before it sleeps.
-
-    ``ASYNCDIST_SPIN_US`` if set; else :data:`DEFAULT_SPIN_SECONDS` when the
-    launcher says how many ranks run on this host (``LOCAL_WORLD_SIZE``, as
-    torchrun and asyncdist-run set it) and they are no more than the cores
-    this process may use, and 0 otherwise.
-    """
-    text = environ.get(SPIN_ENV, "").strip()
-    if text:
-        try:
-            return max(0.0, float(text)) / 1e6
-        except ValueError:
-            raise ValueError(f"{SPIN_ENV} must be a number of microseconds, got {text!r}") from None
-    local_ranks = environ.get("LOCAL_WORLD_SIZE", "").strip()
-    if not local_ranks.isdigit():
-        return 0.0
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return DEFAULT_SPIN_SECONDS if int(local_ranks) <= cores else 0.0
-
+__all__ = ["Driver"]
 
 class Driver:
     """Runs coroutines on ``loop`` in the calling thread, one at a time (:meth:`run`).

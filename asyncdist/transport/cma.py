@@ -36,11 +36,13 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..wire.handshake import PROBE_BYTES, MemoryToken, valid_token
+from ..buffers.scratch import pool
+from ..errors import ProtocolError
+from ..wire.handshake import PROBE_BYTES, MemoryToken, PeerMemoryReader, valid_token
 
 __all__ = [
     "PeerMemory",
@@ -50,11 +52,18 @@ __all__ = [
     "local_token",
     "probe_peer",
     "address_of",
+    "read_payload",
+    "fold_payload",
+    "FOLD_PIECE_BYTES",
 ]
 
 _ENABLE_ENV = "ASYNCDIST_CMA"
 _MIN_BYTES_ENV = "ASYNCDIST_CMA_MIN_BYTES"
 _DEFAULT_MIN_BYTES = 512 * 1024
+#: Bytes of a folded payload read at a time: what a core's cache holds (8 MiB
+#: read and added in 1 MiB pieces: 2.9 ms; read into a buffer of its own
+#: first, then added: 3.5 ms).
+FOLD_PIECE_BYTES = 1 << 20
 
 
 class _IoVec(ctypes.Structure):
@@ -179,6 +188,41 @@ def probe_peer(token: MemoryToken | None) -> PeerMemory | None:
     except OSError:
         return None
     return memory if bytes(seen) == token["probe"] else None
+
+
+def read_payload(memory: PeerMemoryReader | None, peer: int, dest: memoryview, addr: int) -> None:
+    """Copy rank ``peer``'s payload at ``addr`` in its memory into ``dest``.
+
+    Raises:
+        ProtocolError: this process cannot read the peer's memory (None), or
+            the peer named memory it does not have.
+    """
+    if memory is None:
+        raise ProtocolError(f"rank {peer} sent a payload by memory, which this rank cannot read")
+    try:
+        memory.read_into(dest, addr)
+    except OSError as exc:
+        raise ProtocolError(f"cannot read rank {peer}'s payload from its memory: {exc}") from exc
+
+
+def fold_payload(
+    memory: PeerMemoryReader | None, peer: int, fold: Callable[[Any, int], None], nbytes: int, addr: int
+) -> None:
+    """Read rank ``peer``'s payload at ``addr`` in pieces of :data:`FOLD_PIECE_BYTES`,
+    each into one reused buffer small enough to stay in cache, and hand each to
+    ``fold(piece, offset)`` at once.
+
+    Raises:
+        ProtocolError: as for :func:`read_payload`.
+    """
+    block = pool.take_bytes(min(nbytes, FOLD_PIECE_BYTES))
+    try:
+        for offset in range(0, nbytes, FOLD_PIECE_BYTES):
+            piece = block[: min(FOLD_PIECE_BYTES, nbytes - offset)]
+            read_payload(memory, peer, piece.data, addr + offset)
+            fold(piece, offset)
+    finally:
+        pool.give_back(block)
 
 
 class _CrossMemoryAttach:

@@ -18,7 +18,9 @@ handshake, :mod:`.cma`) is sent large payloads by address instead
 (:meth:`Connection.send_message`): it copies them out itself and answers with
 a DONE frame, which completes the send. DONE frames come back in the order
 the payloads were sent, because the peer reads each one as its header
-arrives; so a queue, not an id, pairs them with their sends.
+arrives; so a queue, not an id, pairs them with their sends. To a peer on
+the same host frames go through a shared-memory ring instead, once both
+agree (:meth:`Connection.use_rings`, :mod:`.ring_link`).
 
 Invariants:
 
@@ -42,10 +44,10 @@ from collections import deque
 from typing import Any, Callable
 
 from ..errors import PeerLostError, ProtocolError
-from ..buffers.scratch import pool
 from ..wire.frames import FrameDecoder, Header, Kind, encode_header
 from ..wire.handshake import PeerMemoryReader
 from . import cma
+from .ring_link import PendingWrite, RingLink, RingPoller
 
 __all__ = ["Connection", "Fold"]
 
@@ -71,18 +73,6 @@ _MAX_DRAIN_EVENTS = 1024
 _READS_PAST_SHORT = ("uvloop",)
 # sendmsg accepts at most IOV_MAX (1024 on Linux) buffers per call.
 _MAX_IOV = 512
-#: Bytes of a folded REMOTE payload read at a time: what a core's cache holds
-#: (8 MiB read and added in 1 MiB pieces: 2.9 ms; read into a buffer of its own
-#: first, then added: 3.5 ms).
-FOLD_PIECE_BYTES = 1 << 20
-
-
-class _PendingWrite:
-    __slots__ = ("views", "future")
-
-    def __init__(self, views: deque[memoryview], future: asyncio.Future) -> None:
-        self.views = views
-        self.future = future
 
 
 class Connection:
@@ -124,13 +114,15 @@ class Connection:
         self.peer = peer
         self._decoder = decoder
         self._on_lost = on_lost
-        self._writes: deque[_PendingWrite] = deque()
+        self._writes: deque[PendingWrite] = deque()
         self._writer_armed = False
         self._awaiting_done: deque[tuple[asyncio.Future, memoryview]] = deque()
         self.peer_memory = peer_memory
         self.peer_reads_me = peer_reads_me
         self._by_memory_from = cma.min_bytes()
         self._done_frame = encode_header(Header(Kind.DONE, 0, me, 0, 0, "uint8", (), 0))
+        self._me = me
+        self.rings: RingLink | None = None  # the shared-memory rings, once offered (use_rings)
         self.closed = False
         self.last_received = self.last_sent = loop.time()
         self._reading = False  # inside _read: a failed write must not read again
@@ -148,15 +140,22 @@ class Connection:
         return True
 
     def send_frame(self, header: bytes, payload: memoryview | None) -> asyncio.Future | None:
-        """Queue one frame; return ``None`` if it went to the kernel at once,
-        else a future resolved when its last byte has.
+        """Queue one frame (through the peer's ring, once it has one); return
+        ``None`` if it went to the kernel or the ring at once, else a future
+        resolved when its last byte has.
 
         Raises:
             PeerLostError: the connection is already closed.
         """
+        self.last_sent = self._loop.time()
+        rings = self.rings
+        if rings is not None and rings.writing:
+            return rings.write(header, payload)
+        return self._send_on_socket(header, payload)
+
+    def _send_on_socket(self, header: bytes, payload: memoryview | None) -> asyncio.Future | None:
         if self.closed:
             raise PeerLostError(f"connection to rank {self.peer} is closed", self.peer)
-        self.last_sent = self._loop.time()
         views = deque((memoryview(header),))
         if payload is not None and payload.nbytes:
             views.append(payload)
@@ -169,20 +168,29 @@ class Connection:
             if not views:
                 return None
         future = self._loop.create_future()
-        self._writes.append(_PendingWrite(views, future))
+        self._writes.append(PendingWrite(views, future))
         if not self._writer_armed:
             self._loop.add_writer(self._fd, self._on_writable)
             self._writer_armed = True
         return future
 
-    def send_message(self, header: Header, payload: memoryview | None) -> asyncio.Future | None:
-        """Send one message: a large payload by address if the peer can read
-        this process's memory, else inline. The result is as for
-        :meth:`send_frame`: the future resolves when ``payload`` may be reused.
+    def use_rings(self, decoder: FrameDecoder | None, poller: RingPoller, capacity: int) -> None:
+        """Offer the peer a shared-memory ring of ``capacity`` bytes, and write to
+        the one it offers (:mod:`.ring_link`); ``decoder`` parses what it reads."""
+        self.rings = RingLink(self.peer, self._me, decoder, poller, capacity, self._send_on_socket, self._lose, self._heard)
+        self.rings.offer()
 
-        Raises:
-            PeerLostError: the connection is already closed.
-        """
+    def _heard(self) -> None:
+        self.last_received = self._loop.time()
+
+    @property
+    def shares_memory(self) -> bool:
+        """Whether frames go through a ring either way, or payloads are read from the peer."""
+        return self.peer_memory is not None or (self.rings is not None and (self.rings.writing or self.rings.reading))
+
+    def send_message(self, header: Header, payload: memoryview | None) -> asyncio.Future | None:
+        """Send one message: a large payload by address if the peer can read this
+        process's memory, else inline. Returns and raises as :meth:`send_frame`."""
         if payload is not None and payload.nbytes >= self._by_memory_from and self.peer_reads_me:
             remote = dataclasses.replace(header, kind=Kind.REMOTE, addr=cma.address_of(payload))
             return self.send_remote(encode_header(remote), payload)
@@ -190,11 +198,8 @@ class Connection:
 
     def send_remote(self, header: bytes, payload: memoryview) -> asyncio.Future:
         """Send a ``Kind.REMOTE`` header whose payload the peer reads from our
-        memory; the future resolves when the peer says it has (DONE).
-
-        Raises:
-            PeerLostError: the connection is already closed.
-        """
+        memory; the future resolves when the peer says it has (DONE). Raises
+        PeerLostError if the connection is already closed."""
         self.send_frame(header, None)  # its write completing means nothing yet
         future = self._loop.create_future()
         self._awaiting_done.append((future, payload))  # keeps the payload alive
@@ -213,39 +218,21 @@ class Connection:
             future.set_result(None)
 
     def take_remote(self, dest: memoryview, addr: int) -> None:
-        """Copy a REMOTE payload from the peer's memory at ``addr`` into
-        ``dest``, and tell the peer with a DONE frame that it may reuse it.
-
-        Raises:
-            ProtocolError: this process cannot read the peer's memory, or the
-                peer named memory it does not have (the connection is dropped).
-        """
-        self._read_peer(dest, addr)
+        """Copy a REMOTE payload from the peer's memory at ``addr`` into ``dest``,
+        and tell the peer with a DONE frame that it may reuse it. Raises
+        ProtocolError if the peer's memory cannot be read (the connection is dropped)."""
+        cma.read_payload(self.peer_memory, self.peer, dest, addr)
         self.send_frame(self._done_frame, None)
 
     def fold_remote(self, fold: Fold, nbytes: int, addr: int) -> None:
-        """Like :meth:`take_remote`, for a receive that folds its message in:
-        each piece is read into one reused buffer of :data:`FOLD_PIECE_BYTES`,
-        small enough to stay in cache, and handed to ``fold`` at once.
+        """Like :meth:`take_remote`, for a receive that folds its message in
+        piece by piece (:func:`~asyncdist.transport.cma.fold_payload`).
 
         Raises:
             ProtocolError: as for :meth:`take_remote`.
         """
-        block = pool.take_bytes(min(nbytes, FOLD_PIECE_BYTES))
-        for offset in range(0, nbytes, FOLD_PIECE_BYTES):
-            piece = block[: min(FOLD_PIECE_BYTES, nbytes - offset)]
-            self._read_peer(piece.data, addr + offset)
-            fold(piece, offset)
-        pool.give_back(block)
+        cma.fold_payload(self.peer_memory, self.peer, fold, nbytes, addr)
         self.send_frame(self._done_frame, None)
-
-    def _read_peer(self, dest: memoryview, addr: int) -> None:
-        if self.peer_memory is None:
-            raise ProtocolError(f"rank {self.peer} sent a payload by memory, which this rank cannot read")
-        try:
-            self.peer_memory.read_into(dest, addr)
-        except OSError as exc:
-            raise ProtocolError(f"cannot read rank {self.peer}'s payload from its memory: {exc}") from exc
 
     def _write_views(self, views: deque[memoryview]) -> None:
         """Write as much of ``views`` as the kernel takes, dropping what was sent."""
@@ -335,6 +322,10 @@ class Connection:
     def _lose(self, reason: str, cause: BaseException | None) -> None:
         if self.closed:
             return
+        if self.rings is not None:
+            self.rings.drain()  # what the peer wrote before its stream ended (its goodbye among it)
+            if self.closed:
+                return
         error = PeerLostError(reason, self.peer)
         error.__cause__ = cause
         self._shutdown(error)
@@ -377,6 +368,8 @@ class Connection:
     async def drain(self) -> None:
         """Wait until every queued frame has been handed to the kernel and
         every payload sent by memory has been read by the peer."""
+        if self.rings is not None:
+            await self.rings.flushed()
         while self._writes and not self.closed:
             await asyncio.shield(self._writes[-1].future)
         while self._awaiting_done and not self.closed:
@@ -393,6 +386,8 @@ class Connection:
                 future.set_exception(error)
         self._writes.clear()
         self._awaiting_done.clear()
+        if self.rings is not None:
+            self.rings.close(error)
         try:
             self._sock.close()
         except OSError:

@@ -79,6 +79,8 @@ class Kind(IntEnum):
     AGREE = 8  # fault-tolerant agreement of the group of ``ctx`` (tag: instance, seq: step), or an expulsion notice
     WHERE = 9  # a waiting rank asks where the receiver is in context ``ctx`` (question id in ``tag``; seq 1: any context)
     HERE = 10  # the answer to WHERE ``tag``: the latest recorded operation, as JSON in ``op``
+    RING = 11  # a shared-memory ring for the receiver to write (seq 0), or the answer (1 accepted, 2 refused)
+    WAKE = 12  # look at the shared-memory rings with the sender: data to read, or room to write
 
 
 @dataclass(slots=True)

@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 MAGIC = "asyncdist"
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 # The largest handshake message; real ones are ~150 bytes.
 MAX_HANDSHAKE_BYTES = 4096
 #: Seconds an accepted connection has to finish the handshake. Two ranks of a

@@ -17,7 +17,8 @@ import pytest
 
 import os
 
-from asyncdist.loop.turns import DEFAULT_SPIN_SECONDS, Driver, spin_seconds
+from asyncdist.loop.turns import Driver
+from asyncdist.transport.spinning import DEFAULT_SPIN_SECONDS, spin_seconds
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_drive_var", default="unset")
 

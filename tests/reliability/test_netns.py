@@ -26,7 +26,10 @@ import pytest
 
 N = 3
 SUBNET = "10.231.0"
-HEARTBEAT = {"ASYNCDIST_HEARTBEAT_INTERVAL": "0.5", "ASYNCDIST_HEARTBEAT_TIMEOUT": "3"}
+# Namespaces share this machine's memory and /proc, so their ranks would link
+# by shared-memory rings, and a cut cable would not cut them; hosts apart
+# cannot. So the rings are off, as between hosts, with the heartbeat settings.
+HEARTBEAT = {"ASYNCDIST_HEARTBEAT_INTERVAL": "0.5", "ASYNCDIST_HEARTBEAT_TIMEOUT": "3", "ASYNCDIST_SHM": "0"}
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:

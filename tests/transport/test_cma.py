@@ -114,7 +114,7 @@ async def test_a_folding_receive_adds_the_message_into_its_buffer(
     path: str, remote_sends: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ASYNCDIST_CMA", "0" if path == "inline" else "1")
-    monkeypatch.setattr(stream, "FOLD_PIECE_BYTES", 96 << 10)  # 43 pieces, the last one short
+    monkeypatch.setattr(cma, "FOLD_PIECE_BYTES", 96 << 10)  # 43 pieces, the last one short
     count = BIG + 3
     data = np.random.default_rng(3).integers(-1000, 1000, count).astype(np.float32)
     acc = np.random.default_rng(4).integers(-1000, 1000, count).astype(np.float32)

@@ -1,0 +1,385 @@
+"""The shared-memory side of one connection: a ring each way, rung over the socket.
+
+A :class:`RingLink` belongs to one :class:`~asyncdist.transport.stream.Connection`.
+Once both ends agree, every frame the connection sends, messages and
+control frames alike, goes through the peer's :class:`~.shared_ring.Ring`
+instead of the socket, so frames keep the one order they were sent in. The
+socket stays: it carries the agreement, the wake-ups, and the end of the
+stream (a peer that dies closes it, which is how its loss is noticed).
+
+Agreement, per direction, all on the socket:
+
+1. each end makes a ring for the peer to write and *offers* it
+   (``Kind.RING``, seq 0: its pid in ``ctx``, the descriptor in ``tag``,
+   the nonce in ``op``, the capacity in ``shape``);
+2. the peer opens it and answers *accepted* (seq 1) as the last frame it
+   writes to the socket before writing to the ring, or *refused* (seq 2)
+   if it cannot (another host, ``ASYNCDIST_SHM=0`` there, no ``/proc``);
+3. the offering end reads the ring from the moment it reads "accepted",
+   so nothing that came before on the socket is overtaken.
+
+A writer rings the reader (a ``Kind.WAKE`` frame on the socket) only when
+the reader is not polling and no earlier wake-up is unanswered; a reader
+rings the writer when it waits for room. A WAKE makes the receiving end do
+both: read its ring and write what waited for room.
+
+Loop thread only; nothing here blocks or raises into the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from typing import Callable, Mapping
+
+from ..errors import PeerLostError, ProtocolError
+from ..wire.frames import FrameDecoder, Header, Kind, encode_header
+from .shared_ring import Ring, supported
+
+__all__ = ["RingLink", "RingPoller", "PendingWrite", "ring_bytes", "SHM_ENV", "RING_BYTES_ENV"]
+
+log = logging.getLogger("asyncdist.transport")
+
+_OFFER, _ACCEPTED, _REFUSED = 0, 1, 2
+#: "0" turns the shared-memory rings off (default on, where :func:`supported`).
+SHM_ENV = "ASYNCDIST_SHM"
+#: Bytes of each ring (a power of two, at least 4096).
+RING_BYTES_ENV = "ASYNCDIST_SHM_RING_BYTES"
+# Room for a 128 KiB message whole and its successor; larger ones stream
+# through. Memory is taken as it is first written.
+DEFAULT_RING_BYTES = 256 * 1024
+# The rings one rank reads take at most this much in all, by default: a rank
+# of a large job gets smaller rings (at 64 ranks on one host, 64 KiB each).
+_INBOUND_BUDGET_BYTES = 4 << 20
+_MIN_DEFAULT_RING_BYTES = 16 * 1024
+
+
+def ring_bytes(world_size: int = 2, environ: Mapping[str, str] = os.environ) -> int:
+    """The capacity of the ring each rank offers each peer; 0: no rings.
+
+    By default :data:`DEFAULT_RING_BYTES`, less where ``world_size`` ranks'
+    rings would exceed a budget per rank.
+
+    Raises:
+        ValueError: ``ASYNCDIST_SHM_RING_BYTES`` is not a power of two of at
+            least 4096.
+    """
+    if not supported() or environ.get(SHM_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return 0
+    text = environ.get(RING_BYTES_ENV, "").strip()
+    if not text:
+        fair = _INBOUND_BUDGET_BYTES // max(world_size - 1, 1)
+        return max(_MIN_DEFAULT_RING_BYTES, min(DEFAULT_RING_BYTES, 1 << (fair.bit_length() - 1)))
+    value = int(text) if text.isdigit() else 0
+    if value < 4096 or value & (value - 1):
+        raise ValueError(f"{RING_BYTES_ENV} must be a power of two of at least 4096 bytes, got {text!r}")
+    return value
+
+
+class RingPoller:
+    """Reads every ring of one rank each turn of the loop, for ``spin``
+    seconds after the last traffic, so that frames arriving meanwhile are
+    taken without a wake-up; then tells the writers to ring again and stops.
+
+    With ``spin`` 0 (the ranks on this host outnumber its cores, or the
+    launcher did not say) it never polls: every frame is rung for.
+    """
+
+    __slots__ = ("loop", "_spin", "_links", "_busy", "_until", "_handle")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, spin: float) -> None:
+        self.loop = loop
+        self._spin = spin
+        self._links: list[RingLink] = []
+        self._busy = False  # traffic since the last look: polling goes on
+        self._until = 0.0
+        self._handle: asyncio.Handle | None = None
+
+    def add(self, link: RingLink) -> None:
+        self._links.append(link)
+        link.set_polling(self._handle is not None)
+
+    def remove(self, link: RingLink) -> None:
+        if link in self._links:
+            self._links.remove(link)
+
+    def activity(self) -> None:
+        """Something was sent, read or posted: look at the rings for a while."""
+        if not self._spin:
+            return
+        self._busy = True
+        if self._handle is None and self._links:
+            for link in self._links:
+                link.set_polling(True)
+            self._handle = self.loop.call_soon(self._poll)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _poll(self) -> None:
+        links = self._links
+        got = sum(link.drain() for link in links)
+        now = time.monotonic()
+        if got or self._busy:
+            self._busy = False
+            self._until = now + self._spin
+        if not got:
+            os.sched_yield()  # a runnable peer on this core (the writer, perhaps) goes first
+        if now >= self._until:
+            for link in links:
+                link.set_polling(False)
+            if not sum(link.drain() for link in links):  # written before the writers saw it stop
+                self._handle = None
+                return
+            for link in links:
+                link.set_polling(True)
+            self._until = now + self._spin
+        self._handle = self.loop.call_soon(self._poll)
+
+
+class PendingWrite:
+    """A frame's views not yet written, and the future its sender awaits."""
+
+    __slots__ = ("views", "future")
+
+    def __init__(self, views: deque[memoryview], future: asyncio.Future) -> None:
+        self.views = views
+        self.future = future
+
+
+class RingLink:
+    """The rings of one connection, and their agreement (see the module doc).
+
+    Args:
+        peer: the peer's rank (for messages).
+        me: this rank (the source of its RING and WAKE frames).
+        decoder: where the frames read from the ring go (a second decoder
+            over the connection's sink: the socket's may be mid-frame).
+        poller: the rank's poller.
+        capacity: bytes of the ring offered to the peer; 0 (with no
+            decoder): this rank uses no rings, and refuses the peer's.
+        send_on_socket: writes a frame (header bytes, no payload) to the
+            socket, past the ring; raises PeerLostError once it is closed.
+        fail: ends the connection with a reason and a cause.
+        heard: called whenever bytes were read from the ring (liveness).
+    """
+
+    def __init__(
+        self,
+        peer: int,
+        me: int,
+        decoder: FrameDecoder | None,
+        poller: RingPoller,
+        capacity: int,
+        send_on_socket: Callable[[bytes, None], object],
+        fail: Callable[[str, BaseException], None],
+        heard: Callable[[], None],
+    ) -> None:
+        self._loop = poller.loop
+        self.peer = peer
+        self._me = me
+        self._decoder = decoder
+        self._send_on_socket = send_on_socket
+        self._fail = fail
+        self._heard = heard
+        self._poller = poller
+        self._capacity = capacity
+        self._in: Ring | None = None  # the ring the peer writes: read once accepted
+        self._offered_fd = -1  # its memory's descriptor, until the peer opened it
+        self.reading = False
+        self._out: Ring | None = None  # the peer's ring, which this rank writes
+        self._pending: deque[PendingWrite] = deque()
+        self._draining = False
+        self._wake = encode_header(Header(Kind.WAKE, 0, me, 0, 0, "uint8", (), 0))
+
+    @property
+    def writing(self) -> bool:
+        """Whether frames to the peer go through its ring."""
+        return self._out is not None
+
+    # -- agreement ---------------------------------------------------------
+
+    def offer(self) -> None:
+        """Make the ring the peer will write and offer it (on the socket).
+
+        Raises:
+            PeerLostError: the socket is closed.
+        """
+        if not self._capacity:
+            return
+        try:
+            self._in, self._offered_fd, nonce = Ring.create(self._capacity)
+        except OSError as exc:
+            log.info("rank %d: no shared-memory ring for rank %d: %s", self._me, self.peer, exc)
+            return
+        self._send(_OFFER, ctx=os.getpid(), tag=self._offered_fd, op=nonce.hex(), shape=(self._capacity,))
+
+    def on_ring_frame(self, header: Header) -> None:
+        """The peer offered a ring, or answered this rank's offer."""
+        if header.seq == _OFFER:
+            self._open_peer_ring(header)
+        elif header.seq == _ACCEPTED and self._in is not None and not self.reading:
+            self._close_offered_fd()
+            self.reading = True
+            self._poller.add(self)
+            self.drain()  # what the peer wrote before its answer was read
+        elif header.seq == _REFUSED:
+            self._close_offered_fd()
+            if self._in is not None and not self.reading:
+                self._in.close()
+                self._in = None
+        else:
+            raise ProtocolError(f"rank {self.peer} sent a ring frame this rank cannot use (step {header.seq})")
+
+    def _open_peer_ring(self, header: Header) -> None:
+        if not self._capacity:
+            self._send(_REFUSED)
+            return
+        try:
+            (capacity,) = header.shape
+            ring = Ring.attach(header.ctx, header.tag, bytes.fromhex(header.op), capacity)
+        except (OSError, ValueError) as exc:
+            log.debug("rank %d cannot write rank %d's ring: %s", self._me, self.peer, exc)
+            self._send(_REFUSED)
+            return
+        self._send(_ACCEPTED)  # the last frame on the socket before the ring's
+        self._out = ring
+
+    def _send(self, step: int, *, ctx: int = 0, tag: int = 0, op: str = "", shape: tuple[int, ...] = ()) -> None:
+        self._send_on_socket(encode_header(Header(Kind.RING, ctx, self._me, tag, step, "uint8", shape, 0, op)), None)
+
+    def _close_offered_fd(self) -> None:
+        if self._offered_fd >= 0:
+            os.close(self._offered_fd)
+            self._offered_fd = -1
+
+    # -- writing -----------------------------------------------------------
+
+    def write(self, header: bytes, payload: memoryview | None) -> asyncio.Future | None:
+        """Queue one frame on the ring; ``None`` if it is in the ring already,
+        else a future resolved once it is (the payload may then be reused)."""
+        self._poller.activity()
+        views = deque((memoryview(header), payload) if payload is not None and payload.nbytes else (memoryview(header),))
+        if not self._pending:
+            self._put(views)
+            if not views:
+                return None
+        future = self._loop.create_future()
+        self._pending.append(PendingWrite(views, future))
+        self._flush()
+        return future
+
+    def _put(self, views: deque[memoryview]) -> None:
+        """Copy what fits of ``views`` into the ring, dropping what went, and
+        publish it (ringing the reader if it must be)."""
+        ring = self._out
+        assert ring is not None, "written only while writing"
+        while views:
+            head = views[0]
+            taken = ring.put(head)
+            if taken < head.nbytes:
+                views[0] = head[taken:]
+                break
+            views.popleft()
+        ring.publish()
+        if ring.wake_needed():
+            self._ring_peer()
+
+    def _flush(self) -> None:
+        """Put what waited for room into the ring, as far as it goes."""
+        ring, pending = self._out, self._pending
+        while ring is not None and pending:
+            write = pending[0]
+            self._put(write.views)
+            if write.views:
+                ring.want_space(True)
+                if ring.has_space():
+                    continue  # the reader made room before it could see the flag
+                return  # it rings when it has read
+            pending.popleft()
+            if not write.future.done():
+                write.future.set_result(None)
+        if ring is not None:
+            ring.want_space(False)
+
+    async def flushed(self) -> None:
+        """Wait until every queued frame is in the ring."""
+        while self._pending:
+            await asyncio.shield(self._pending[-1].future)
+
+    # -- reading -----------------------------------------------------------
+
+    def on_wake(self) -> None:
+        """The peer rang: read the ring, and write what waited for room."""
+        if self._in is not None and self.reading:
+            self._in.acknowledge_wake()
+            self.drain()
+        if self._pending:
+            self._flush()
+
+    def set_polling(self, polling: bool) -> None:
+        if self._in is not None:
+            self._in.set_polling(polling)
+
+    def drain(self) -> int:
+        """Hand what the ring holds to the decoder; the bytes read."""
+        ring, decoder = self._in, self._decoder
+        if ring is None or decoder is None or not self.reading or self._draining:
+            return 0
+        available = ring.readable()
+        if not available:
+            return 0
+        self._draining = True
+        total = 0
+        try:
+            while available:
+                taken = ring.get(decoder.get_buffer(), available)
+                available -= taken
+                total += taken
+                decoder.buffer_updated(taken)
+                if self._in is None:
+                    return total  # a frame's handler closed the connection
+                if not available:
+                    available = ring.readable()
+        except ProtocolError as exc:
+            log.error("rank %d broke the wire protocol: %s", self.peer, exc)
+            self._fail(f"rank {self.peer} broke the wire protocol: {exc}", exc)
+            return total
+        except Exception as exc:  # a bug in a sink must not kill the loop
+            log.exception("error while handling data from rank %d", self.peer)
+            self._fail(f"error while handling data from rank {self.peer}: {exc!r}", exc)
+            return total
+        finally:
+            self._draining = False
+        self._heard()
+        if ring.space_wanted():
+            self._ring_peer()
+        self._poller.activity()
+        return total
+
+    def _ring_peer(self) -> None:
+        try:
+            self._send_on_socket(self._wake, None)
+        except PeerLostError:
+            pass  # the stream's end is being reported already
+
+    # -- closing -----------------------------------------------------------
+
+    def close(self, error: PeerLostError) -> None:
+        """Fail what waits for room with ``error``, and let go of both rings."""
+        self._poller.remove(self)
+        for write in self._pending:
+            if not write.future.done():
+                write.future.set_exception(error)
+        self._pending.clear()
+        self._close_offered_fd()
+        self.reading = False
+        for ring in (self._in, self._out):
+            if ring is not None:
+                ring.close()
+        self._in = self._out = None

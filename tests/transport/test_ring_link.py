@@ -1,0 +1,151 @@
+"""Ranks on one host talk through shared-memory rings: they agree on them,
+messages keep their order and arrive bit-exact at every size (also many
+times a ring's capacity), a rank without rings is refused and keeps the
+socket, and a writer that dies mid-message fails the receive that waited
+for it instead of delivering half a message.
+
+Real ranks (``local_world``: one loop, real sockets, real rings); the
+reference is the data sent, or NumPy on every rank's input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from asyncdist.buffers.host import as_host_buffer
+from asyncdist.engine import engine as engine_module
+from asyncdist.errors import PeerLostError
+from asyncdist.testing import crash, local_world
+from asyncdist.transport import ring_link
+from asyncdist.transport.shared_ring import supported
+from asyncdist.wire.frames import Header, Kind
+
+pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64")
+
+SMALL_RING = 4096
+
+
+@pytest.fixture
+def small_rings(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setenv(ring_link.RING_BYTES_ENV, str(SMALL_RING))
+    return SMALL_RING
+
+
+def _links(ranks) -> dict[tuple[int, int], ring_link.RingLink | None]:
+    return {(r.rank, peer): c.rings for r in ranks for peer, c in r.engine._connections.items()}
+
+
+async def test_ranks_on_one_host_write_to_each_other_through_rings() -> None:
+    async with local_world(3) as ranks:
+        links = _links(ranks)
+        assert len(links) == 6
+        assert all(link is not None and link.writing and link.reading for link in links.values())
+        assert all(r.stats()["peers"][p]["same_host"] for r in ranks for p in range(3) if p != r.rank)
+
+
+async def test_messages_of_every_size_keep_their_order_through_a_small_ring(small_rings: int) -> None:
+    rng = np.random.default_rng(11)
+    sizes = [0, 1, 7, 100, small_rings - 60, small_rings, small_rings + 1, 3 * small_rings + 5, 40_000, 1, 9]
+    messages = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    async with local_world(2) as (sender, receiver):
+        # All sent before any is received: the ring fills, the later ones wait
+        # for room, and each must still arrive whole and in order (same tag).
+        sends = [sender.isend(m, 1, tag=5) for m in messages]
+        for want in messages:
+            got = np.full(want.size, 255 - 1, dtype=np.uint8) if want.size else np.empty(0, np.uint8)
+            await receiver.recv(got, 0, tag=5)
+            np.testing.assert_array_equal(got, want)
+        for work in sends:
+            await work
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+async def test_collectives_over_small_rings_match_numpy(small_rings: int, n: int) -> None:
+    count = 5_000  # 20-40 KB per rank: several times the ring
+    inputs = [np.random.default_rng(r).standard_normal(count).astype(np.float32) for r in range(n)]
+    async with local_world(n) as ranks:
+        sums = [x.copy() for x in inputs]
+        await asyncio.gather(*(r.all_reduce(s) for r, s in zip(ranks, sums)))
+        gathered = [[np.empty(count, np.float32) for _ in range(n)] for _ in range(n)]
+        await asyncio.gather(*(r.all_gather(out, x) for r, out, x in zip(ranks, gathered, inputs)))
+        roots = [inputs[r].copy() if r == 1 else np.empty(count, np.float32) for r in range(n)]
+        await asyncio.gather(*(r.broadcast(b, src=1) for r, b in zip(ranks, roots)))
+    want = np.sum(inputs, axis=0, dtype=np.float64)
+    for s in sums:
+        np.testing.assert_allclose(s, want, rtol=1e-5, atol=1e-4)
+    for out in gathered:
+        for got, x in zip(out, inputs):
+            np.testing.assert_array_equal(got, x)
+    for b in roots:
+        np.testing.assert_array_equal(b, inputs[1])
+
+
+async def test_a_rank_without_rings_refuses_them_and_keeps_the_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = iter([ring_link.DEFAULT_RING_BYTES, 0, ring_link.DEFAULT_RING_BYTES])  # one rank: ASYNCDIST_SHM=0
+    monkeypatch.setattr(engine_module, "ring_bytes", lambda world_size: next(sizes))
+    async with local_world(3) as ranks:
+        (without,) = [r.rank for r in ranks if not r.engine._ring_bytes]
+        for (rank, peer), link in _links(ranks).items():
+            assert link is not None
+            with_rings = without not in (rank, peer)
+            assert link.writing is with_rings and link.reading is with_rings, (rank, peer)
+        x = [np.arange(10, dtype=np.float64) * (r + 1) for r in range(3)]
+        await asyncio.gather(*(r.all_reduce(v) for r, v in zip(ranks, x)))
+    for v in x:
+        np.testing.assert_array_equal(v, np.arange(10, dtype=np.float64) * 6)
+
+
+async def test_a_writer_dying_mid_message_fails_the_receive_and_delivers_nothing(small_rings: int) -> None:
+    nbytes = 10 * small_rings
+    async with local_world(2) as (sender, receiver):
+        ctx = receiver.calls.p2p_context
+        target = np.zeros(nbytes, np.uint8)
+        recv = receiver.engine.post_recv(ctx, 0, 3, as_host_buffer(target, writable=True))
+        payload = np.full(nbytes, 7, np.uint8)
+        header = Header(Kind.DATA, ctx, 0, 3, 0, "uint8", (nbytes,), nbytes)
+        sending = sender.engine.send(1, header, memoryview(payload))
+        assert sending is not None and not sending.done()  # part of it in the ring, the rest waiting for room
+        crash(sender)  # as SIGKILL: streams reset, no goodbye
+        with pytest.raises(PeerLostError, match="rank 0") as info:
+            await recv.future
+        assert info.value.rank == 0
+        with pytest.raises(PeerLostError):
+            await sending
+        assert (target != 7).any(), "the whole message arrived although its writer died mid-way"
+
+
+async def test_a_rank_takes_frames_from_its_rings_without_wake_ups_while_it_polls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(engine_module, "spin_seconds", lambda: 10.0)  # poll throughout the test
+    rung: list[int] = []
+    original = ring_link.RingLink._ring_peer
+
+    def counting(self: ring_link.RingLink) -> None:
+        rung.append(self.peer)
+        original(self)
+
+    monkeypatch.setattr(ring_link.RingLink, "_ring_peer", counting)
+    async with local_world(2) as (a, b):
+        x = np.arange(4, dtype=np.float32)
+        for i in range(50):
+            y = np.empty(4, np.float32)
+            await asyncio.gather(a.send(x + i, 1), b.recv(y, 0))
+            np.testing.assert_array_equal(y, x + i)
+        assert len(rung) < 5, f"{len(rung)} wake-ups for 50 messages to a polling rank"
+
+
+@pytest.mark.parametrize(("world_size", "capacity"), [(2, 256 << 10), (17, 256 << 10), (33, 128 << 10), (64, 64 << 10), (1000, 16 << 10)])
+def test_ranks_of_a_large_job_offer_smaller_rings(world_size: int, capacity: int) -> None:
+    assert ring_link.ring_bytes(world_size, {}) == capacity
+    assert ring_link.ring_bytes(world_size, {ring_link.RING_BYTES_ENV: "8192"}) == 8192
+    assert ring_link.ring_bytes(world_size, {ring_link.SHM_ENV: "0"}) == 0
+
+
+@pytest.mark.parametrize("text", ["1000", "6144", "lots", "-4096"])
+def test_a_ring_size_that_is_no_power_of_two_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="ASYNCDIST_SHM_RING_BYTES must be a power of two"):
+        ring_link.ring_bytes(2, {ring_link.RING_BYTES_ENV: text})

@@ -1,0 +1,160 @@
+"""The shared-memory ring by itself: bytes in order, wrap-around, a full
+ring, the wake-up protocol, and who may open it.
+
+Both ends run in this process (the writer opens the reader's ring through
+``/proc/self/fd``) or in a child process started for the test; the reference
+is the byte stream that was written.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+from asyncdist.transport.shared_ring import CONTROL_BYTES, Ring, supported
+
+pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64")
+
+CAPACITY = 4096
+
+
+@pytest.fixture
+def ring_pair():
+    reader, fd, nonce = Ring.create(CAPACITY)
+    writer = Ring.attach(os.getpid(), fd, nonce, CAPACITY)
+    os.close(fd)
+    yield reader, writer
+    writer.close()
+    reader.close()
+
+
+def _read(reader: Ring, n: int) -> bytes:
+    out = bytearray(n)
+    assert reader.get(memoryview(out), n) == n
+    return bytes(out)
+
+
+def test_bytes_arrive_in_order_across_many_wrap_arounds(ring_pair) -> None:
+    reader, writer = ring_pair
+    rng = np.random.default_rng(7)
+    stream = rng.integers(0, 256, 40 * CAPACITY, dtype=np.uint8).tobytes()
+    received = bytearray()
+    sent = 0
+    while sent < len(stream) or reader.readable():
+        # Odd sizes on both sides, so that pieces straddle the ring's end.
+        chunk = memoryview(stream)[sent : sent + int(rng.integers(1, 3 * CAPACITY // 2))]
+        sent += writer.put(chunk)
+        writer.publish()
+        want = min(reader.readable(), int(rng.integers(1, CAPACITY)))
+        received += _read(reader, want)
+    assert bytes(received) == stream
+
+
+def test_a_full_ring_takes_nothing_more_until_the_reader_makes_room(ring_pair) -> None:
+    reader, writer = ring_pair
+    data = bytes(range(256)) * (2 * CAPACITY // 256)
+    assert writer.put(memoryview(data)) == CAPACITY  # only what fits
+    writer.publish()
+    assert not writer.has_space()
+    assert writer.put(memoryview(b"more")) == 0
+    assert reader.readable() == CAPACITY
+    assert _read(reader, 100) == data[:100]
+    assert writer.has_space()
+    assert writer.put(memoryview(data[CAPACITY:])) == 100
+    writer.publish()
+    assert _read(reader, CAPACITY) == data[100 : CAPACITY + 100]
+    assert reader.readable() == 0
+
+
+def test_nothing_written_is_visible_before_it_is_published(ring_pair) -> None:
+    reader, writer = ring_pair
+    writer.put(memoryview(b"abc"))
+    assert reader.readable() == 0
+    writer.publish()
+    assert reader.readable() == 3
+
+
+def test_a_writer_rings_once_until_the_reader_acts_and_never_while_it_polls(ring_pair) -> None:
+    reader, writer = ring_pair
+    assert writer.wake_needed()  # reader asleep, nothing outstanding
+    assert not writer.wake_needed()  # the first wake-up is not answered yet
+    reader.acknowledge_wake()
+    assert writer.wake_needed()
+    reader.acknowledge_wake()
+    reader.set_polling(True)
+    assert not writer.wake_needed()
+    reader.set_polling(False)
+    assert writer.wake_needed()
+
+
+def test_the_reader_sees_that_the_writer_waits_for_room(ring_pair) -> None:
+    reader, writer = ring_pair
+    assert not reader.space_wanted()
+    writer.want_space(True)
+    assert reader.space_wanted()
+    writer.want_space(False)
+    assert not reader.space_wanted()
+
+
+def test_only_the_offered_ring_can_be_opened() -> None:
+    reader, fd, nonce = Ring.create(CAPACITY)
+    try:
+        with pytest.raises(OSError, match="not the ring offered"):
+            Ring.attach(os.getpid(), fd, bytes(16), CAPACITY)
+        with pytest.raises(OSError, match="not a ring of"):
+            Ring.attach(os.getpid(), fd, nonce, 2 * CAPACITY)
+        with pytest.raises(OSError, match="malformed ring offer"):
+            Ring.attach(os.getpid(), fd, nonce, 3000)
+        with pytest.raises(OSError):
+            Ring.attach(os.getpid(), 987654, nonce, CAPACITY)  # no such descriptor
+    finally:
+        os.close(fd)
+        reader.close()
+
+
+@pytest.mark.parametrize("capacity", [1000, 2048, 6144])
+def test_a_capacity_must_be_a_power_of_two_of_a_page_or_more(capacity: int) -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        Ring.create(capacity)
+
+
+def _write_from_child(pid: int, fd: int, nonce: bytes, total: int) -> None:
+    writer = Ring.attach(pid, fd, nonce, CAPACITY)
+    data = (np.arange(total, dtype=np.uint64) % 251).astype(np.uint8).tobytes()
+    view, sent = memoryview(data), 0
+    while sent < total:  # spins on a full ring: the parent reads meanwhile
+        sent += writer.put(view[sent : sent + 1000])
+        writer.publish()
+    writer.close()
+
+
+def test_another_process_writes_what_this_one_reads() -> None:
+    total = 50 * CAPACITY
+    reader, fd, nonce = Ring.create(CAPACITY)
+    child = multiprocessing.get_context("fork").Process(target=_write_from_child, args=(os.getpid(), fd, nonce, total))
+    child.start()
+    received = bytearray()
+    try:
+        while len(received) < total:
+            if reader.readable():
+                received += _read(reader, reader.readable())
+            elif not child.is_alive() and not reader.readable():
+                break  # it died short of the total: compared below
+        child.join(timeout=30)
+    finally:
+        os.close(fd)
+        reader.close()
+    assert child.exitcode == 0
+    assert bytes(received) == (np.arange(total, dtype=np.uint64) % 251).astype(np.uint8).tobytes()
+
+
+def test_the_memory_is_one_page_of_control_and_the_data() -> None:
+    reader, fd, _ = Ring.create(CAPACITY)
+    try:
+        assert os.fstat(fd).st_size == CONTROL_BYTES + CAPACITY
+    finally:
+        os.close(fd)
+        reader.close()
