@@ -18,7 +18,7 @@ import pytest
 from asyncdist.buffers.host import as_host_buffer
 from asyncdist.engine import engine as engine_module
 from asyncdist.errors import PeerLostError
-from asyncdist.testing import crash, local_world
+from asyncdist.testing import crash, local_world, spawn
 from asyncdist.transport import ring_link
 from asyncdist.transport.shared_ring import supported
 from asyncdist.wire.frames import Header, Kind
@@ -149,3 +149,42 @@ def test_ranks_of_a_large_job_offer_smaller_rings(world_size: int, capacity: int
 def test_a_ring_size_that_is_no_power_of_two_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="ASYNCDIST_SHM_RING_BYTES must be a power of two"):
         ring_link.ring_bytes(2, {ring_link.RING_BYTES_ENV: text})
+
+
+def _ping_pong_between_processes(rounds: int) -> tuple[list[str], bool, int]:
+    import asyncdist as dist
+
+    written: list[int] = []
+    original = ring_link.RingLink.write
+
+    def counting(self: ring_link.RingLink, header: bytes, payload: memoryview | None) -> object:
+        written.append(0 if payload is None else payload.nbytes)
+        return original(self, header, payload)
+
+    ring_link.RingLink.write = counting  # type: ignore[method-assign]  # this rank's process only
+    dist.init_process_group()
+    rank, peer = dist.get_rank(), 1 - dist.get_rank()
+    problems = []
+    for i in range(rounds):
+        n = 1 + (i * 7919) % 70_000  # 1 B to 70 KB: some larger than a small ring
+        want = (np.arange(n) * (i + 1) % 251).astype(np.uint8)
+        got = np.empty(n, np.uint8)
+        if (i + rank) % 2 == 0:
+            dist.send(want, peer)
+        else:
+            dist.recv(got, peer)
+            if not np.array_equal(got, want):
+                problems.append(f"round {i}: {n} bytes differ")
+    same_host = dist.get_stats()["peers"][peer]["same_host"]
+    dist.destroy_process_group()
+    return problems, same_host, sum(1 for nbytes in written if nbytes)
+
+
+@pytest.mark.parametrize("ring", ["small", "default"])
+def test_processes_exchange_messages_through_rings(ring: str) -> None:
+    rounds = 60
+    env = {ring_link.RING_BYTES_ENV: str(SMALL_RING)} if ring == "small" else {}
+    for problems, same_host, ring_messages in spawn(2, _ping_pong_between_processes, rounds, env=env):
+        assert problems == []
+        assert same_host
+        assert ring_messages >= rounds // 2  # each rank's sends went through the ring
