@@ -356,10 +356,16 @@ class Calls:
         return since + engine.flight.hang_warn, ask
 
     def arm_timeout(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> None:
-        """Fail ``future`` (a Work's) if it is not done within the group's timeout."""
+        """Fail ``future`` (a Work's) if it is not done within the group's timeout;
+        warn, as a blocking wait does, once it has waited ``ASYNCDIST_HANG_WARN`` s."""
         if future.done():
             return
         make_error = self._timeout_error(message)
+        loop = asyncio.get_running_loop()
+        expires = loop.time() + self.timeout
+        warning = self._hang_warning(message)
+        ask = warning[1] if warning is not None and self.engine.flight.hang_warn < self.timeout else None
+        handle: asyncio.TimerHandle
 
         def expire() -> None:
             if not future.done():
@@ -368,12 +374,18 @@ class Calls:
                     withdraw()
                 future.set_exception(error)
 
+        def warn() -> None:  # one timer at a time: the warning's, then the deadline's
+            nonlocal handle
+            assert ask is not None
+            ask()
+            handle = loop.call_at(expires, expire)
+
         def settle(done: asyncio.Future) -> None:
             handle.cancel()
             if done.cancelled() and withdraw is not None:  # a cancelled irecv must not take a later message
                 withdraw()
 
-        handle = asyncio.get_running_loop().call_later(self.timeout, expire)
+        handle = loop.call_later(self.engine.flight.hang_warn, warn) if ask is not None else loop.call_at(expires, expire)
         future.add_done_callback(settle)
 
     def _timeout_error(self, message: Message) -> Callable[[], Exception]:

@@ -110,3 +110,18 @@ async def test_a_blocking_recv_that_waits_names_its_peer_and_where_it_is(hang_wa
     line, = hang_warnings.lines
     assert line.startswith("rank 1: recv from rank 0 (tag 4, group 'local2') has waited "), line
     assert "for rank 0, which is at barrier #0 on group local2 (completed " in line, line
+
+
+async def test_an_irecv_whose_work_waits_names_its_peer_and_where_it_is(hang_warnings: _Warnings) -> None:
+    hang_warnings.count = 1
+    async with local_world(2) as ranks:
+        out = np.zeros(3)
+        work = ranks[1].irecv(out, src=0, tag=6)
+        await asyncio.wait_for(hang_warnings.enough.wait(), 30)
+        assert not work.is_completed()
+        await ranks[0].send(np.arange(3.0) + 1, dst=1, tag=6)
+        await work
+    np.testing.assert_array_equal(out, np.arange(3.0) + 1)
+    line, = hang_warnings.lines
+    assert line.startswith("rank 1: recv from rank 0 (tag 6, group 'local2') has waited "), line
+    assert "for rank 0, which is at " in line, line
