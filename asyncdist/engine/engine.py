@@ -101,7 +101,7 @@ class Engine:
         self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
         self.flight = Flight(me, self._connections)  #: recorder, dumps, counters, hang questions
-        self._ring_bytes = ring_bytes(me.world_size)  # of the ring offered to each peer (0: none, offers refused)
+        self._ring_bytes = ring_bytes(me.world_size)  # of each peer's shared-memory ring (0: no rings)
         self._rings: RingPoller | None = None  # polls them (from listen())
 
     # -- setup -------------------------------------------------------------
@@ -161,8 +161,8 @@ class Engine:
             peer_reads_me=access.peer_reads_me,
             me=self.rank,
         )
-        if self._rings is not None:  # the decoder of what comes through the ring
-            inbox.connection.use_rings(FrameDecoder(inbox, max_payload=self._max_payload) if self._ring_bytes else None, self._rings, self._ring_bytes)
+        if self._rings is not None:  # no ring offered if never polled: each frame would need a wake-up
+            inbox.connection.use_rings(inbox, self._rings, self._ring_bytes if self._rings.spin else 0, accept=self._ring_bytes > 0)
         if self._arrival is not None and not self._arrival.done():
             self._arrival.set_result(None)
 

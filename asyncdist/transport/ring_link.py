@@ -84,15 +84,17 @@ class RingPoller:
     seconds after the last traffic, so that frames arriving meanwhile are
     taken without a wake-up; then tells the writers to ring again and stops.
 
-    With ``spin`` 0 (the ranks on this host outnumber its cores, or the
-    launcher did not say) it never polls: every frame is rung for.
+    A rank whose ``spin`` is 0 (the ranks on its host outnumber the cores,
+    or the launcher did not say) offers no rings: a ring never polled needs
+    a wake-up on the socket for each frame, which costs what sending the
+    frame there does. It still writes to the rings its peers offer.
     """
 
-    __slots__ = ("loop", "_spin", "_links", "_busy", "_until", "_handle")
+    __slots__ = ("loop", "spin", "_links", "_busy", "_until", "_handle")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, spin: float) -> None:
         self.loop = loop
-        self._spin = spin
+        self.spin = spin
         self._links: list[RingLink] = []
         self._busy = False  # traffic since the last look: polling goes on
         self._until = 0.0
@@ -108,7 +110,7 @@ class RingPoller:
 
     def activity(self) -> None:
         """Something was sent, read or posted: look at the rings for a while."""
-        if not self._spin:
+        if not self.spin:
             return
         self._busy = True
         if self._handle is None and self._links:
@@ -127,7 +129,7 @@ class RingPoller:
         now = time.monotonic()
         if got or self._busy:
             self._busy = False
-            self._until = now + self._spin
+            self._until = now + self.spin
         if not got:
             os.sched_yield()  # a runnable peer on this core (the writer, perhaps) goes first
         if now >= self._until:
@@ -138,7 +140,7 @@ class RingPoller:
                 return
             for link in links:
                 link.set_polling(True)
-            self._until = now + self._spin
+            self._until = now + self.spin
         self._handle = self.loop.call_soon(self._poll)
 
 
@@ -162,7 +164,8 @@ class RingLink:
             over the connection's sink: the socket's may be mid-frame).
         poller: the rank's poller.
         capacity: bytes of the ring offered to the peer; 0 (with no
-            decoder): this rank uses no rings, and refuses the peer's.
+            decoder): none is offered.
+        accept: whether to write to the ring the peer offers.
         send_on_socket: writes a frame (header bytes, no payload) to the
             socket, past the ring; raises PeerLostError once it is closed.
         fail: ends the connection with a reason and a cause.
@@ -176,6 +179,7 @@ class RingLink:
         decoder: FrameDecoder | None,
         poller: RingPoller,
         capacity: int,
+        accept: bool,
         send_on_socket: Callable[[bytes, None], object],
         fail: Callable[[str, BaseException], None],
         heard: Callable[[], None],
@@ -189,6 +193,7 @@ class RingLink:
         self._heard = heard
         self._poller = poller
         self._capacity = capacity
+        self._accept = accept
         self._in: Ring | None = None  # the ring the peer writes: read once accepted
         self._offered_fd = -1  # its memory's descriptor, until the peer opened it
         self.reading = False
@@ -237,7 +242,7 @@ class RingLink:
             raise ProtocolError(f"rank {self.peer} sent a ring frame this rank cannot use (step {header.seq})")
 
     def _open_peer_ring(self, header: Header) -> None:
-        if not self._capacity:
+        if not self._accept:
             self._send(_REFUSED)
             return
         try:

@@ -44,7 +44,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..errors import PeerLostError, ProtocolError
-from ..wire.frames import FrameDecoder, Header, Kind, encode_header
+from ..wire.frames import FrameDecoder, FrameSink, Header, Kind, encode_header
 from ..wire.handshake import PeerMemoryReader
 from . import cma
 from .ring_link import PendingWrite, RingLink, RingPoller
@@ -174,10 +174,12 @@ class Connection:
             self._writer_armed = True
         return future
 
-    def use_rings(self, decoder: FrameDecoder | None, poller: RingPoller, capacity: int) -> None:
-        """Offer the peer a shared-memory ring of ``capacity`` bytes, and write to
-        the one it offers (:mod:`.ring_link`); ``decoder`` parses what it reads."""
-        self.rings = RingLink(self.peer, self._me, decoder, poller, capacity, self._send_on_socket, self._lose, self._heard)
+    def use_rings(self, sink: FrameSink, poller: RingPoller, capacity: int, *, accept: bool) -> None:
+        """Offer the peer a shared-memory ring of ``capacity`` bytes (0: none), whose
+        frames go to ``sink``; write to the one it offers if ``accept`` (:mod:`.ring_link`)."""
+        decoder = FrameDecoder(sink, max_payload=self._decoder.max_payload) if capacity else None
+        self.rings = RingLink(self.peer, self._me, decoder, poller, capacity, accept,
+                              self._send_on_socket, self._lose, self._heard)
         self.rings.offer()
 
     def _heard(self) -> None:

@@ -242,6 +242,11 @@ class FrameDecoder:
         self._filled = 0
         self._direct = False  # the last get_buffer() returned the destination
 
+    @property
+    def max_payload(self) -> int:
+        """The largest payload this decoder accepts, in bytes."""
+        return self._max_payload
+
     def get_buffer(self) -> memoryview:
         """Return the writable view the next received bytes must go into."""
         header = self._header

@@ -28,6 +28,12 @@ pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings nee
 SMALL_RING = 4096
 
 
+@pytest.fixture(autouse=True)
+def polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks poll (as where they do not outnumber the cores), so they offer rings."""
+    monkeypatch.setenv("ASYNCDIST_SPIN_US", "200")
+
+
 @pytest.fixture
 def small_rings(monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setenv(ring_link.RING_BYTES_ENV, str(SMALL_RING))
@@ -188,3 +194,17 @@ def test_processes_exchange_messages_through_rings(ring: str) -> None:
         assert problems == []
         assert same_host
         assert ring_messages >= rounds // 2  # each rank's sends went through the ring
+
+
+async def test_a_rank_that_never_polls_offers_no_ring_but_writes_to_its_peers(monkeypatch: pytest.MonkeyPatch) -> None:
+    spins = iter([0.0, 2e-4])  # one rank: its ranks outnumber the cores
+    monkeypatch.setattr(engine_module, "spin_seconds", lambda: next(spins))
+    async with local_world(2) as ranks:
+        (idle,) = [r.rank for r in ranks if not r.engine._rings.spin]
+        for (rank, peer), link in _links(ranks).items():
+            assert link is not None
+            assert link.reading is (rank != idle) and link.writing is (peer != idle), (rank, peer)
+        x = [np.arange(6, dtype=np.float32) + r for r in range(2)]
+        await asyncio.gather(*(r.all_reduce(v) for r, v in zip(ranks, x)))
+    for v in x:
+        np.testing.assert_array_equal(v, 2 * np.arange(6, dtype=np.float32) + 1)
