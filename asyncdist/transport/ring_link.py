@@ -168,7 +168,7 @@ class RingLink:
         accept: whether to write to the ring the peer offers.
         send_on_socket: writes a frame (header bytes, no payload) to the
             socket, past the ring; raises PeerLostError once it is closed.
-        fail: ends the connection with a reason and a cause.
+        fail: ends the connection for an error in the frames read.
         heard: called whenever bytes were read from the ring (liveness).
     """
 
@@ -181,7 +181,7 @@ class RingLink:
         capacity: int,
         accept: bool,
         send_on_socket: Callable[[bytes, None], object],
-        fail: Callable[[str, BaseException], None],
+        fail: Callable[[Exception], None],
         heard: Callable[[], None],
     ) -> None:
         self._loop = poller.loop
@@ -351,13 +351,8 @@ class RingLink:
                     return total  # a frame's handler closed the connection
                 if not available:
                     available = ring.readable()
-        except ProtocolError as exc:
-            log.error("rank %d broke the wire protocol: %s", self.peer, exc)
-            self._fail(f"rank {self.peer} broke the wire protocol: {exc}", exc)
-            return total
         except Exception as exc:  # a bug in a sink must not kill the loop
-            log.exception("error while handling data from rank %d", self.peer)
-            self._fail(f"error while handling data from rank {self.peer}: {exc!r}", exc)
+            self._fail(exc)
             return total
         finally:
             self._draining = False

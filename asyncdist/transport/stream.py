@@ -179,7 +179,7 @@ class Connection:
         frames go to ``sink``; write to the one it offers if ``accept`` (:mod:`.ring_link`)."""
         decoder = FrameDecoder(sink, max_payload=self._decoder.max_payload) if capacity else None
         self.rings = RingLink(self.peer, self._me, decoder, poller, capacity, accept,
-                              self._send_on_socket, self._lose, self._heard)
+                              self._send_on_socket, self._broken, self._heard)
         self.rings.offer()
 
     def _heard(self) -> None:
@@ -297,25 +297,29 @@ class Connection:
             return total
         except OSError as exc:
             self._lose(f"connection to rank {self.peer} failed: {exc}", exc)
-        except ProtocolError as exc:
-            log.error("rank %d broke the wire protocol: %s", self.peer, exc)
-            self._lose(f"rank {self.peer} broke the wire protocol: {exc}", exc)
         except Exception as exc:  # a bug in a sink must not kill the loop
-            log.exception("error while handling data from rank %d", self.peer)
-            self._lose(f"error while handling data from rank {self.peer}: {exc!r}", exc)
+            self._broken(exc)
         finally:
             self._reading = False
         return total
 
+    def _broken(self, exc: Exception) -> None:
+        """The peer's frames (from the socket or the ring) could not be handled: drop it, saying why."""
+        if isinstance(exc, ProtocolError):
+            log.error("rank %d broke the wire protocol: %s", self.peer, exc)
+            self._lose(f"rank {self.peer} broke the wire protocol: {exc}", exc)
+        else:
+            log.error("error while handling data from rank %d", self.peer, exc_info=exc)
+            self._lose(f"error while handling data from rank {self.peer}: {exc!r}", exc)
+
     # -- closing -----------------------------------------------------------
 
     def _write_failed(self, exc: OSError) -> None:
-        """A write failed: the peer may have closed in order, with frames and
-        its goodbye still unread here (a root that sent its part and left).
-        Read what the kernel holds first, so those frames are delivered and a
-        BYE ends the connection in order; only then is the peer lost. Not
-        from inside this connection's own read (a frame's handler that sends
-        back): its decoder is mid-frame."""
+        """A write failed: the peer may have closed in order, with frames and its
+        goodbye unread here (a root that sent its part and left). Read what the
+        kernel holds first, so a BYE ends the connection in order; only then is
+        the peer lost. Not from inside this connection's own read: its decoder
+        is mid-frame."""
         for _ in range(_MAX_DRAIN_EVENTS):
             if self.closed or self._reading or not self._read():
                 break
