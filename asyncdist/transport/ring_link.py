@@ -18,10 +18,19 @@ Agreement, per direction, all on the socket:
 3. the offering end reads the ring from the moment it reads "accepted",
    so nothing that came before on the socket is overtaken.
 
+Only whole frames go into a ring. A frame that does not fit in the room
+the reader has left goes on the socket instead, where the kernel holds it
+as it would have without rings (also after this process ends): the writer
+marks the switch in the ring, and sends every frame on the socket until
+one fits in the ring again; then it sends *back* (seq 3, the switch's
+number in ``tag``) on the socket and writes to the ring. The reader reads
+the ring up to the switch, then the socket up to *back*, then the ring
+again, so the frames keep their order; before it reads the socket it
+reads the ring, which holds what was written before anything that came
+on the socket.
+
 A writer rings the reader (a ``Kind.WAKE`` frame on the socket) only when
-the reader is not polling and no earlier wake-up is unanswered; a reader
-rings the writer when it waits for room. A WAKE makes the receiving end do
-both: read its ring and write what waited for room.
+the reader is not polling and no earlier wake-up is unanswered.
 
 Loop thread only; nothing here blocks or raises into the loop.
 """
@@ -32,18 +41,17 @@ import asyncio
 import logging
 import os
 import time
-from collections import deque
 from typing import Callable, Mapping
 
 from ..errors import PeerLostError, ProtocolError
 from ..wire.frames import FrameDecoder, Header, Kind, encode_header
 from .shared_ring import Ring, supported
 
-__all__ = ["RingLink", "RingPoller", "PendingWrite", "ring_bytes", "SHM_ENV", "RING_BYTES_ENV"]
+__all__ = ["RingLink", "RingPoller", "ring_bytes", "SHM_ENV", "RING_BYTES_ENV"]
 
 log = logging.getLogger("asyncdist.transport")
 
-_OFFER, _ACCEPTED, _REFUSED = 0, 1, 2
+_OFFER, _ACCEPTED, _REFUSED, _BACK = 0, 1, 2, 3
 #: "0" turns the shared-memory rings off (default on, where :func:`supported`).
 SHM_ENV = "ASYNCDIST_SHM"
 #: Bytes of each ring (a power of two, at least 4096).
@@ -144,16 +152,6 @@ class RingPoller:
         self._handle = self.loop.call_soon(self._poll)
 
 
-class PendingWrite:
-    """A frame's views not yet written, and the future its sender awaits."""
-
-    __slots__ = ("views", "future")
-
-    def __init__(self, views: deque[memoryview], future: asyncio.Future) -> None:
-        self.views = views
-        self.future = future
-
-
 class RingLink:
     """The rings of one connection, and their agreement (see the module doc).
 
@@ -166,8 +164,9 @@ class RingLink:
         capacity: bytes of the ring offered to the peer; 0 (with no
             decoder): none is offered.
         accept: whether to write to the ring the peer offers.
-        send_on_socket: writes a frame (header bytes, no payload) to the
-            socket, past the ring; raises PeerLostError once it is closed.
+        send_on_socket: sends a frame (header bytes, payload) on the socket,
+            past the ring, as ``Connection.send_frame`` does; raises
+            PeerLostError once it is closed.
         fail: ends the connection for an error in the frames read.
         heard: called whenever bytes were read from the ring (liveness).
     """
@@ -180,7 +179,7 @@ class RingLink:
         poller: RingPoller,
         capacity: int,
         accept: bool,
-        send_on_socket: Callable[[bytes, None], object],
+        send_on_socket: Callable[[bytes, memoryview | None], asyncio.Future | None],
         fail: Callable[[Exception], None],
         heard: Callable[[], None],
     ) -> None:
@@ -198,7 +197,7 @@ class RingLink:
         self._offered_fd = -1  # its memory's descriptor, until the peer opened it
         self.reading = False
         self._out: Ring | None = None  # the peer's ring, which this rank writes
-        self._pending: deque[PendingWrite] = deque()
+        self._switched = 0  # the switch to the socket this rank's frames are under (0: none)
         self._draining = False
         self._wake = encode_header(Header(Kind.WAKE, 0, me, 0, 0, "uint8", (), 0))
 
@@ -233,6 +232,9 @@ class RingLink:
             self.reading = True
             self._poller.add(self)
             self.drain()  # what the peer wrote before its answer was read
+        elif header.seq == _BACK and self._in is not None and self.reading:
+            self._in.resume(header.tag)
+            self.drain()
         elif header.seq == _REFUSED:
             self._close_offered_fd()
             if self._in is not None and not self.reading:
@@ -266,66 +268,35 @@ class RingLink:
     # -- writing -----------------------------------------------------------
 
     def write(self, header: bytes, payload: memoryview | None) -> asyncio.Future | None:
-        """Queue one frame on the ring; ``None`` if it is in the ring already,
-        else a future resolved once it is (the payload may then be reused)."""
-        self._poller.activity()
-        views = deque((memoryview(header), payload) if payload is not None and payload.nbytes else (memoryview(header),))
-        if not self._pending:
-            self._put(views)
-            if not views:
-                return None
-        future = self._loop.create_future()
-        self._pending.append(PendingWrite(views, future))
-        self._flush()
-        return future
-
-    def _put(self, views: deque[memoryview]) -> None:
-        """Copy what fits of ``views`` into the ring, dropping what went, and
-        publish it (ringing the reader if it must be)."""
+        """Send one frame: through the ring if it fits, else on the socket (see
+        the module doc). The result is ``Connection.send_frame``'s: ``None``, or
+        a future resolved when the payload may be reused."""
         ring = self._out
-        assert ring is not None, "written only while writing"
-        while views:
-            head = views[0]
-            taken = ring.put(head)
-            if taken < head.nbytes:
-                views[0] = head[taken:]
-                break
-            views.popleft()
+        assert ring is not None, "write() only while writing"
+        self._poller.activity()
+        size = len(header) + (0 if payload is None else payload.nbytes)
+        if not ring.fits(size) or (self._switched and not ring.can_switch_again()):
+            if not self._switched:
+                self._switched = ring.switch()
+            return self._send_on_socket(header, payload)
+        if self._switched:
+            self._send(_BACK, tag=self._switched)  # the socket's last frame before the ring's again
+            self._switched = 0
+        ring.put(memoryview(header))
+        if payload is not None and payload.nbytes:
+            ring.put(payload)
         ring.publish()
         if ring.wake_needed():
             self._ring_peer()
-
-    def _flush(self) -> None:
-        """Put what waited for room into the ring, as far as it goes."""
-        ring, pending = self._out, self._pending
-        while ring is not None and pending:
-            write = pending[0]
-            self._put(write.views)
-            if write.views:
-                ring.want_space(True)
-                if ring.has_space():
-                    continue  # the reader made room before it could see the flag
-                return  # it rings when it has read
-            pending.popleft()
-            if not write.future.done():
-                write.future.set_result(None)
-        if ring is not None:
-            ring.want_space(False)
-
-    async def flushed(self) -> None:
-        """Wait until every queued frame is in the ring."""
-        while self._pending:
-            await asyncio.shield(self._pending[-1].future)
+        return None
 
     # -- reading -----------------------------------------------------------
 
     def on_wake(self) -> None:
-        """The peer rang: read the ring, and write what waited for room."""
+        """The peer rang: read the ring."""
         if self._in is not None and self.reading:
             self._in.acknowledge_wake()
             self.drain()
-        if self._pending:
-            self._flush()
 
     def set_polling(self, polling: bool) -> None:
         if self._in is not None:
@@ -357,8 +328,6 @@ class RingLink:
         finally:
             self._draining = False
         self._heard()
-        if ring.space_wanted():
-            self._ring_peer()
         self._poller.activity()
         return total
 
@@ -370,13 +339,9 @@ class RingLink:
 
     # -- closing -----------------------------------------------------------
 
-    def close(self, error: PeerLostError) -> None:
-        """Fail what waits for room with ``error``, and let go of both rings."""
+    def close(self) -> None:
+        """Let go of both rings."""
         self._poller.remove(self)
-        for write in self._pending:
-            if not write.future.done():
-                write.future.set_exception(error)
-        self._pending.clear()
         self._close_offered_fd()
         self.reading = False
         for ring in (self._in, self._out):

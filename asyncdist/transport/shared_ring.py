@@ -27,8 +27,12 @@ written by both:
 * ``head``: bytes read so far; ``polling``: 1 while the reader looks at
   the ring without being told to; ``wakes_seen``: the writer's wake-up
   count the reader last acted on;
-* ``tail``: bytes written so far; ``space_wanted``: 1 while the writer
-  waits for room; ``wakes_sent``: wake-ups the writer has sent.
+* ``tail``: bytes written so far (whole frames only); ``wakes_sent``:
+  wake-ups the writer has sent; ``switches``: how often it went over to
+  the socket, for frames that do not fit (:mod:`.ring_link`), and in one of
+  :data:`SWITCH_SLOTS` slots the tail at each: the reader reads no further
+  than the next switch until told, on the socket, that the writer is back
+  from it (``resumed``, the reader's, counts those).
 
 The wake-ups themselves travel on the stream beside the ring
 (:mod:`.ring_link`). Deciding whether to send one is Dekker's problem: each
@@ -46,15 +50,18 @@ import platform
 import sys
 import threading
 
-__all__ = ["Ring", "fence", "supported", "CONTROL_BYTES"]
+__all__ = ["Ring", "fence", "supported", "CONTROL_BYTES", "SWITCH_SLOTS"]
 
 CONTROL_BYTES = 4096
 _MAGIC = 0x676E_6972_6461_7361  # "asadring", little-endian
 NONCE_BYTES = 16
 # Word indices (8 bytes each) in the control page; one cache line per writer.
 _W_MAGIC, _W_CAPACITY, _W_NONCE = 0, 1, 2  # written once, by the creator (the reader)
-_W_HEAD, _W_POLLING, _W_WAKES_SEEN = 8, 9, 10  # the reader's
-_W_TAIL, _W_SPACE_WANTED, _W_WAKES_SENT = 16, 17, 18  # the writer's
+_W_HEAD, _W_POLLING, _W_WAKES_SEEN, _W_RESUMED = 8, 9, 10, 11  # the reader's
+_W_TAIL, _W_SWITCHES, _W_WAKES_SENT = 16, 17, 18  # the writer's
+_W_SWITCH_AT = 24  # the writer's too: SWITCH_SLOTS words, the tail at each switch
+#: Switches the writer may be ahead of the reader's resuming.
+SWITCH_SLOTS = 32
 
 _barrier = threading.Lock()
 
@@ -82,7 +89,7 @@ class Ring:
     Each method belongs to one side, as its name says; neither blocks.
     """
 
-    __slots__ = ("capacity", "_mask", "_map", "_words", "_data", "_count", "_wakes_sent")
+    __slots__ = ("capacity", "_mask", "_map", "_words", "_data", "_count", "_wakes_sent", "_switches")
 
     def __init__(self, mapping: mmap.mmap, capacity: int) -> None:
         self.capacity = capacity
@@ -93,6 +100,7 @@ class Ring:
         self._data = whole[CONTROL_BYTES : CONTROL_BYTES + capacity]
         self._count = 0  # this side's bytes moved (head for the reader, tail for the writer)
         self._wakes_sent = 0
+        self._switches = 0  # the writer: switches made; the reader: switches resumed from
 
     @classmethod
     def create(cls, capacity: int) -> tuple[Ring, int, bytes]:
@@ -155,19 +163,20 @@ class Ring:
 
     # -- writer ----------------------------------------------------------------
 
-    def put(self, view: memoryview) -> int:
-        """Copy as much of ``view`` (bytes) as fits; the count copied. Not
-        visible to the reader until :meth:`publish`."""
-        free = self.capacity - (self._count - self._words[_W_HEAD])
-        n = min(view.nbytes, free)
-        if n:
-            start = self._count & self._mask
-            first = min(n, self.capacity - start)
-            self._data[start : start + first] = view[:first]
-            if first < n:
-                self._data[: n - first] = view[first:n]
-            self._count += n
-        return n
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit in the room the reader has left."""
+        return self._count + nbytes - self._words[_W_HEAD] <= self.capacity
+
+    def put(self, view: memoryview) -> None:
+        """Copy ``view`` (bytes; check :meth:`fits` first) after what was put
+        before. Not visible to the reader until :meth:`publish`."""
+        n = view.nbytes
+        start = self._count & self._mask
+        first = min(n, self.capacity - start)
+        self._data[start : start + first] = view[:first]
+        if first < n:
+            self._data[: n - first] = view[first:]
+        self._count += n
 
     def publish(self) -> None:
         """Make every byte :meth:`put` so far visible to the reader."""
@@ -185,24 +194,34 @@ class Ring:
         words[_W_WAKES_SENT] = self._wakes_sent
         return True
 
-    def want_space(self, wanted: bool) -> None:
-        """Say whether the writer waits for room (the reader then wakes it
-        after reading); saying so is followed by a :func:`fence`, so the
-        writer's next look at the room cannot miss a read the reader did
-        without seeing the flag."""
-        self._words[_W_SPACE_WANTED] = int(wanted)
-        if wanted:
-            fence()
+    def switch(self) -> int:
+        """Say that the writer goes over to the socket after what it has
+        published; the switch's number (sent back with the frame that ends it)."""
+        number = self._switches + 1
+        self._words[_W_SWITCH_AT + number % SWITCH_SLOTS] = self._count
+        self._words[_W_SWITCHES] = self._switches = number
+        return number
 
-    def has_space(self) -> bool:
-        """Whether the reader has left any room."""
-        return self._count - self._words[_W_HEAD] < self.capacity
+    def can_switch_again(self) -> bool:
+        """Whether a slot is free for one more switch (the reader has resumed
+        from enough of them): only then may the writer come back to the ring."""
+        return self._switches + 1 - self._words[_W_RESUMED] < SWITCH_SLOTS
 
     # -- reader ----------------------------------------------------------------
 
     def readable(self) -> int:
-        """Bytes published and not read yet."""
-        return self._words[_W_TAIL] - self._count
+        """Bytes published and not read yet, up to the writer's next switch
+        to the socket until it is back from it (:meth:`resume`)."""
+        words = self._words
+        end = words[_W_TAIL]  # first: a tail past a switch means the switch is visible
+        upcoming = self._switches + 1
+        if words[_W_SWITCHES] >= upcoming:
+            end = min(end, words[_W_SWITCH_AT + upcoming % SWITCH_SLOTS])
+        return end - self._count
+
+    def resume(self, number: int) -> None:
+        """The writer is back from switch ``number`` (:meth:`switch`'s)."""
+        self._words[_W_RESUMED] = self._switches = number
 
     def get(self, dest: memoryview, limit: int) -> int:
         """Copy up to ``limit`` published bytes (at most ``dest.nbytes``) into
@@ -231,8 +250,3 @@ class Ring:
         self._words[_W_POLLING] = int(polling)
         if not polling:
             fence()
-
-    def space_wanted(self) -> bool:
-        """Whether the writer waits for room (read after :meth:`get`)."""
-        fence()
-        return bool(self._words[_W_SPACE_WANTED])

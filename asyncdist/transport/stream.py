@@ -7,20 +7,18 @@ matched payload) and writes with ``sendmsg`` from memoryviews of the user's
 arrays, so neither direction copies a payload in user space.
 
 Why raw ``add_reader``/``add_writer`` instead of an asyncio Transport: a
-transport's ``write()`` either copies what the kernel did not take (the
-selector loop) or keeps a reference and returns at once (uvloop), so "the
-send is complete, the buffer may be reused" could not be told apart from
-"the bytes are queued". Here a send's future resolves exactly when its last
-byte is in the kernel, which is the moment torch's ``send`` may return.
+transport's ``write()`` copies what the kernel did not take (the selector
+loop) or returns at once (uvloop), so "the buffer may be reused" could not
+be told from "the bytes are queued". Here a send's future resolves when its
+last byte is in the kernel, the moment torch's ``send`` may return.
 
-A peer on the same host that can read this process's memory (found in the
-handshake, :mod:`.cma`) is sent large payloads by address instead
-(:meth:`Connection.send_message`): it copies them out itself and answers with
-a DONE frame, which completes the send. DONE frames come back in the order
-the payloads were sent, because the peer reads each one as its header
-arrives; so a queue, not an id, pairs them with their sends. To a peer on
-the same host frames go through a shared-memory ring instead, once both
-agree (:meth:`Connection.use_rings`, :mod:`.ring_link`).
+A peer on the same host that can read this process's memory (:mod:`.cma`)
+is sent large payloads by address (:meth:`Connection.send_message`): it
+copies them out and answers with a DONE frame, which completes the send.
+DONEs come back in the order the payloads were sent, so a queue pairs them
+with their sends. Frames to a peer on the same host go through a
+shared-memory ring instead of the socket once both agree
+(:meth:`Connection.use_rings`, :mod:`.ring_link`).
 
 Invariants:
 
@@ -47,7 +45,7 @@ from ..errors import PeerLostError, ProtocolError
 from ..wire.frames import FrameDecoder, FrameSink, Header, Kind, encode_header
 from ..wire.handshake import PeerMemoryReader
 from . import cma
-from .ring_link import PendingWrite, RingLink, RingPoller
+from .ring_link import RingLink, RingPoller
 
 __all__ = ["Connection", "Fold"]
 
@@ -73,6 +71,13 @@ _MAX_DRAIN_EVENTS = 1024
 _READS_PAST_SHORT = ("uvloop",)
 # sendmsg accepts at most IOV_MAX (1024 on Linux) buffers per call.
 _MAX_IOV = 512
+
+
+class _PendingWrite:
+    __slots__ = ("views", "future")
+
+    def __init__(self, views: deque[memoryview], future: asyncio.Future) -> None:
+        self.views, self.future = views, future
 
 
 class Connection:
@@ -114,7 +119,7 @@ class Connection:
         self.peer = peer
         self._decoder = decoder
         self._on_lost = on_lost
-        self._writes: deque[PendingWrite] = deque()
+        self._writes: deque[_PendingWrite] = deque()
         self._writer_armed = False
         self._awaiting_done: deque[tuple[asyncio.Future, memoryview]] = deque()
         self.peer_memory = peer_memory
@@ -140,13 +145,9 @@ class Connection:
         return True
 
     def send_frame(self, header: bytes, payload: memoryview | None) -> asyncio.Future | None:
-        """Queue one frame (through the peer's ring, once it has one); return
-        ``None`` if it went to the kernel or the ring at once, else a future
-        resolved when its last byte has.
-
-        Raises:
-            PeerLostError: the connection is already closed.
-        """
+        """Queue one frame (through the peer's ring, once it has one): ``None`` if it
+        went out at once, else a future resolved when its last byte has. Raises
+        PeerLostError if the connection is already closed."""
         self.last_sent = self._loop.time()
         rings = self.rings
         if rings is not None and rings.writing:
@@ -168,7 +169,7 @@ class Connection:
             if not views:
                 return None
         future = self._loop.create_future()
-        self._writes.append(PendingWrite(views, future))
+        self._writes.append(_PendingWrite(views, future))
         if not self._writer_armed:
             self._loop.add_writer(self._fd, self._on_writable)
             self._writer_armed = True
@@ -199,9 +200,8 @@ class Connection:
         return self.send_frame(encode_header(header), payload)
 
     def send_remote(self, header: bytes, payload: memoryview) -> asyncio.Future:
-        """Send a ``Kind.REMOTE`` header whose payload the peer reads from our
-        memory; the future resolves when the peer says it has (DONE). Raises
-        PeerLostError if the connection is already closed."""
+        """Send a ``Kind.REMOTE`` header whose payload the peer reads from our memory;
+        the future resolves when it has (DONE). Raises PeerLostError if closed."""
         self.send_frame(header, None)  # its write completing means nothing yet
         future = self._loop.create_future()
         self._awaiting_done.append((future, payload))  # keeps the payload alive
@@ -274,6 +274,8 @@ class Connection:
     # -- reading -----------------------------------------------------------
 
     def _on_readable(self) -> None:
+        if self.rings is not None:
+            self.rings.drain()  # what the ring holds was written before what comes on the socket
         self._read()
 
     def _read(self) -> int:
@@ -374,8 +376,6 @@ class Connection:
     async def drain(self) -> None:
         """Wait until every queued frame has been handed to the kernel and
         every payload sent by memory has been read by the peer."""
-        if self.rings is not None:
-            await self.rings.flushed()
         while self._writes and not self.closed:
             await asyncio.shield(self._writes[-1].future)
         while self._awaiting_done and not self.closed:
@@ -393,7 +393,7 @@ class Connection:
         self._writes.clear()
         self._awaiting_done.clear()
         if self.rings is not None:
-            self.rings.close(error)
+            self.rings.close()
         try:
             self._sock.close()
         except OSError:

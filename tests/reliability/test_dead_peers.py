@@ -55,6 +55,23 @@ def test_sigkill_mid_all_reduce_fails_every_member_fast(rank_job, api: str, coun
 
 
 @pytest.mark.parametrize("api", ["facade", "await"])
+def test_sigkill_mid_all_reduce_through_shared_memory_rings(rank_job, api: str) -> None:
+    # Ranks that poll offer each other rings; with small rings the 160 KB
+    # messages go on the sockets between the rings' frames (switching back and forth).
+    env = {"ASYNCDIST_SPIN_US": "20", "ASYNCDIST_SHM_RING_BYTES": "16384"}
+    job = rank_job(4, ["all_reduce", api, str(VICTIM), str(LATE), str(20_000)], env=env)
+    for rank in (0, 1, VICTIM):
+        job.next_event(rank, ["entered"])
+    job.next_event(VICTIM, ["stalled"])
+    killed = job.signal(VICTIM, signal.SIGKILL)
+    for rank in (0, 1):
+        _detected(job, rank, killed, VICTIM)
+    job.set("go")
+    entered = job.next_event(LATE, ["entered"])["t"]
+    _detected(job, LATE, entered, VICTIM)
+
+
+@pytest.mark.parametrize("api", ["facade", "await"])
 def test_sigkill_mid_recv_fails_the_receivers_and_the_others_carry_on(rank_job, api: str) -> None:
     victim = 1
     job = rank_job(3, ["recv", api, str(victim)])

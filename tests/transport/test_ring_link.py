@@ -1,8 +1,8 @@
 """Ranks on one host talk through shared-memory rings: they agree on them,
-messages keep their order and arrive bit-exact at every size (also many
-times a ring's capacity), a rank without rings is refused and keeps the
-socket, and a writer that dies mid-message fails the receive that waited
-for it instead of delivering half a message.
+messages keep their order and arrive bit-exact at every size (those too big
+for the ring go on the socket, in their place), a rank without rings is
+refused and keeps the socket, and a writer that dies fails the receive that
+waits on it.
 
 Real ranks (``local_world``: one loop, real sockets, real rings); the
 reference is the data sent, or NumPy on every rank's input.
@@ -15,13 +15,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from asyncdist.buffers.host import as_host_buffer
 from asyncdist.engine import engine as engine_module
 from asyncdist.errors import PeerLostError
 from asyncdist.testing import crash, local_world, spawn
 from asyncdist.transport import ring_link
 from asyncdist.transport.shared_ring import supported
-from asyncdist.wire.frames import Header, Kind
 
 pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64")
 
@@ -104,23 +102,39 @@ async def test_a_rank_without_rings_refuses_them_and_keeps_the_socket(monkeypatc
         np.testing.assert_array_equal(v, np.arange(10, dtype=np.float64) * 6)
 
 
-async def test_a_writer_dying_mid_message_fails_the_receive_and_delivers_nothing(small_rings: int) -> None:
-    nbytes = 10 * small_rings
+async def test_frames_too_big_for_the_ring_go_on_the_socket_and_keep_their_place(small_rings: int) -> None:
+    rng = np.random.default_rng(5)
+    # ring, socket (a switch), socket, ring (back), ring, socket, ring: one tag, so order is checked
+    sizes = [10, 3 * small_rings, 2 * small_rings, 20, 30, small_rings + 1, 40]
+    messages = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
     async with local_world(2) as (sender, receiver):
-        ctx = receiver.calls.p2p_context
-        target = np.zeros(nbytes, np.uint8)
-        recv = receiver.engine.post_recv(ctx, 0, 3, as_host_buffer(target, writable=True))
-        payload = np.full(nbytes, 7, np.uint8)
-        header = Header(Kind.DATA, ctx, 0, 3, 0, "uint8", (nbytes,), nbytes)
-        sending = sender.engine.send(1, header, memoryview(payload))
-        assert sending is not None and not sending.done()  # part of it in the ring, the rest waiting for room
+        link = sender.engine._connections[1].rings
+        switches = []
+        for message in messages:
+            await sender.send(message, 1, tag=8)
+            switches.append(link._switched)
+        assert switches == [0, 1, 1, 0, 0, 2, 0]  # the writer went over to the socket twice
+        for want in messages:
+            got = np.empty(want.size, np.uint8)
+            await receiver.recv(got, 0, tag=8)
+            np.testing.assert_array_equal(got, want)
+
+
+async def test_a_writer_that_dies_fails_the_receive_waiting_on_it(small_rings: int) -> None:
+    async with local_world(2) as (sender, receiver):
+        small, big = np.arange(100, dtype=np.uint8), (np.arange(10 * small_rings) % 251).astype(np.uint8)
+        await sender.send(small, 1, tag=1)  # through the ring
+        await sender.send(big, 1, tag=2)  # too big for it: on the socket
+        got_small, got_big = np.empty_like(small), np.empty_like(big)
+        await receiver.recv(got_small, 0, tag=1)
+        await receiver.recv(got_big, 0, tag=2)
+        np.testing.assert_array_equal(got_small, small)
+        np.testing.assert_array_equal(got_big, big)
+        waiting = receiver.irecv(np.zeros(10, np.uint8), 0, tag=3)
         crash(sender)  # as SIGKILL: streams reset, no goodbye
         with pytest.raises(PeerLostError, match="rank 0") as info:
-            await recv.future
+            await waiting
         assert info.value.rank == 0
-        with pytest.raises(PeerLostError):
-            await sending
-        assert (target != 7).any(), "the whole message arrived although its writer died mid-way"
 
 
 async def test_a_rank_takes_frames_from_its_rings_without_wake_ups_while_it_polls(
@@ -170,8 +184,10 @@ def _ping_pong_between_processes(rounds: int) -> tuple[list[str], bool, int]:
     ring_link.RingLink.write = counting  # type: ignore[method-assign]  # this rank's process only
     dist.init_process_group()
     rank, peer = dist.get_rank(), 1 - dist.get_rank()
-    problems = []
+    problems, same_host = [], False
     for i in range(rounds):
+        if i == rounds // 2:  # both ranks are here, between two messages
+            same_host = dist.get_stats()["peers"][peer]["same_host"]
         n = 1 + (i * 7919) % 70_000  # 1 B to 70 KB: some larger than a small ring
         want = (np.arange(n) * (i + 1) % 251).astype(np.uint8)
         got = np.empty(n, np.uint8)
@@ -181,7 +197,6 @@ def _ping_pong_between_processes(rounds: int) -> tuple[list[str], bool, int]:
             dist.recv(got, peer)
             if not np.array_equal(got, want):
                 problems.append(f"round {i}: {n} bytes differ")
-    same_host = dist.get_stats()["peers"][peer]["same_host"]
     dist.destroy_process_group()
     return problems, same_host, sum(1 for nbytes in written if nbytes)
 

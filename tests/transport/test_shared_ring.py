@@ -1,5 +1,6 @@
 """The shared-memory ring by itself: bytes in order, wrap-around, a full
-ring, the wake-up protocol, and who may open it.
+ring, nothing unpublished seen, switches to the socket, the wake-up
+protocol, and who may open it.
 
 Both ends run in this process (the writer opens the reader's ring through
 ``/proc/self/fd``) or in a child process started for the test; the reference
@@ -14,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from asyncdist.transport.shared_ring import CONTROL_BYTES, Ring, supported
+from asyncdist.transport.shared_ring import CONTROL_BYTES, SWITCH_SLOTS, Ring, supported
 
 pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64")
 
@@ -37,6 +38,14 @@ def _read(reader: Ring, n: int) -> bytes:
     return bytes(out)
 
 
+def _put_what_fits(writer: Ring, chunk: memoryview) -> int:
+    n = chunk.nbytes
+    while n and not writer.fits(n):
+        n -= 1
+    writer.put(chunk[:n])
+    return n
+
+
 def test_bytes_arrive_in_order_across_many_wrap_arounds(ring_pair) -> None:
     reader, writer = ring_pair
     rng = np.random.default_rng(7)
@@ -46,7 +55,7 @@ def test_bytes_arrive_in_order_across_many_wrap_arounds(ring_pair) -> None:
     while sent < len(stream) or reader.readable():
         # Odd sizes on both sides, so that pieces straddle the ring's end.
         chunk = memoryview(stream)[sent : sent + int(rng.integers(1, 3 * CAPACITY // 2))]
-        sent += writer.put(chunk)
+        sent += _put_what_fits(writer, chunk)
         writer.publish()
         want = min(reader.readable(), int(rng.integers(1, CAPACITY)))
         received += _read(reader, want)
@@ -56,14 +65,14 @@ def test_bytes_arrive_in_order_across_many_wrap_arounds(ring_pair) -> None:
 def test_a_full_ring_takes_nothing_more_until_the_reader_makes_room(ring_pair) -> None:
     reader, writer = ring_pair
     data = bytes(range(256)) * (2 * CAPACITY // 256)
-    assert writer.put(memoryview(data)) == CAPACITY  # only what fits
+    assert writer.fits(CAPACITY) and not writer.fits(CAPACITY + 1)
+    writer.put(memoryview(data)[:CAPACITY])
     writer.publish()
-    assert not writer.has_space()
-    assert writer.put(memoryview(b"more")) == 0
+    assert not writer.fits(1)
     assert reader.readable() == CAPACITY
     assert _read(reader, 100) == data[:100]
-    assert writer.has_space()
-    assert writer.put(memoryview(data[CAPACITY:])) == 100
+    assert writer.fits(100) and not writer.fits(101)
+    writer.put(memoryview(data)[CAPACITY : CAPACITY + 100])
     writer.publish()
     assert _read(reader, CAPACITY) == data[100 : CAPACITY + 100]
     assert reader.readable() == 0
@@ -75,6 +84,36 @@ def test_nothing_written_is_visible_before_it_is_published(ring_pair) -> None:
     assert reader.readable() == 0
     writer.publish()
     assert reader.readable() == 3
+    writer.put(memoryview(b"half a frame"))  # the writer dies here: the reader never sees it
+    writer.close()
+    assert _read(reader, 3) == b"abc"
+    assert reader.readable() == 0
+
+
+def test_the_reader_stops_at_each_switch_until_it_resumes_from_it(ring_pair) -> None:
+    reader, writer = ring_pair
+    for piece in (b"one", b"two"):
+        writer.put(memoryview(piece))
+        writer.publish()
+        first = writer.switch()
+        writer.put(memoryview(b"-after"))  # written once back from the switch
+        writer.publish()
+        assert _read(reader, reader.readable()) == piece  # no further than the switch
+        assert reader.readable() == 0
+        reader.resume(first)
+        assert _read(reader, reader.readable()) == b"-after"
+
+
+def test_a_writer_comes_back_from_the_socket_only_while_a_switch_slot_is_free(ring_pair) -> None:
+    reader, writer = ring_pair
+    numbers = []
+    for _ in range(SWITCH_SLOTS - 1):
+        assert writer.can_switch_again()
+        numbers.append(writer.switch())
+    assert not writer.can_switch_again()  # the reader resumed from none of them yet
+    reader.resume(numbers[0])
+    assert writer.can_switch_again()
+    assert numbers == list(range(1, SWITCH_SLOTS))
 
 
 def test_a_writer_rings_once_until_the_reader_acts_and_never_while_it_polls(ring_pair) -> None:
@@ -88,15 +127,6 @@ def test_a_writer_rings_once_until_the_reader_acts_and_never_while_it_polls(ring
     assert not writer.wake_needed()
     reader.set_polling(False)
     assert writer.wake_needed()
-
-
-def test_the_reader_sees_that_the_writer_waits_for_room(ring_pair) -> None:
-    reader, writer = ring_pair
-    assert not reader.space_wanted()
-    writer.want_space(True)
-    assert reader.space_wanted()
-    writer.want_space(False)
-    assert not reader.space_wanted()
 
 
 def test_only_the_offered_ring_can_be_opened() -> None:
@@ -126,7 +156,7 @@ def _write_from_child(pid: int, fd: int, nonce: bytes, total: int) -> None:
     data = (np.arange(total, dtype=np.uint64) % 251).astype(np.uint8).tobytes()
     view, sent = memoryview(data), 0
     while sent < total:  # spins on a full ring: the parent reads meanwhile
-        sent += writer.put(view[sent : sent + 1000])
+        sent += _put_what_fits(writer, view[sent : sent + 1000])
         writer.publish()
     writer.close()
 
