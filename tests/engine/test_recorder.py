@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncdist.engine.descriptions import Described, parse, short
-from asyncdist.engine.recorder import ERROR, SEQ, SERIAL, STATE, Recorder, capacity_from_env
+from asyncdist.engine.recorder import DESC, ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, Recorder, capacity_from_env, state_of
 from asyncdist.engine.whereabouts import hang_warn_from_env
 from asyncdist.errors import InvalidArgumentError
 
@@ -31,19 +31,38 @@ def test_an_open_operation_keeps_its_record_when_the_ring_wraps_over_it() -> Non
     for seq in (2, 3):
         recorder.close(_record(recorder, seq))
     assert [e[SEQ] for e in recorder.entries()] == [2, 3]
-    assert (first[SEQ], first[STATE]) == (1, "posted")
+    assert (first[SEQ], state_of(first)) == (1, "posted")
     recorder.close(first, InvalidArgumentError("bad"))
-    assert (first[STATE], first[ERROR]) == ("failed", "InvalidArgumentError: bad")
+    assert (state_of(first), first[ERROR]) == ("failed", "InvalidArgumentError: bad")
     assert [e[SEQ] for e in recorder.entries()] == [2, 3]
 
 
-def test_operations_are_counted_by_description_as_they_end() -> None:
+def test_operations_are_counted_by_description_once_folded() -> None:
     recorder = Recorder(rank=0, capacity=3)
     for seq in range(4):
         recorder.close(_record(recorder, seq))
+    recorder.fold()
     assert list(recorder.ops) == [1]
     (count, seconds), = recorder.ops[1].values()
     assert count == 4 and seconds > 0
+
+
+def test_an_operation_open_when_a_fold_passes_it_is_counted_by_a_later_fold() -> None:
+    recorder = Recorder(rank=0, capacity=4)
+    first = _record(recorder, 0, "barrier")
+    entries = []
+    for seq in range(1, 10):  # the ring wraps over the open one; open() folds before each wrap
+        entries.append(_record(recorder, seq, "broadcast(src=0, int8[2])" if seq % 3 == 0 else "all_reduce(sum, float32[4])"))
+        recorder.close(entries[-1])
+    recorder.fold()
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6 and recorder.ops[1]["broadcast(src=0, int8[2])"][0] == 3
+    assert "barrier" not in recorder.ops[1]
+    recorder.close(first)
+    recorder.fold()
+    recorder.fold()  # counted once only
+    assert recorder.ops[1]["barrier"][0] == 1 and recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
+    seconds = sum(e[ENDED_AT] - e[POSTED_AT] for e in entries if e[DESC].startswith("all_reduce"))
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"][1] == pytest.approx(seconds, abs=1e-9)
 
 
 def test_capacity_zero_records_nothing() -> None:
