@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import time
 from itertools import compress, groupby
-from operator import itemgetter, not_, sub
+from operator import itemgetter, not_
 from typing import Any, List
 
 from ..errors import InvalidArgumentError
@@ -65,7 +65,7 @@ FIELDS = ("serial", "kind", "ctx", "group", "seq", "desc", "peers", "step", "dty
           "posted", "started", "ended", "error", "awaited")
 (SERIAL, KIND, CTX, GROUP, SEQ, DESC, PEERS, STEP, DTYPE, SHAPE, NBYTES,
  POSTED_AT, STARTED_AT, ENDED_AT, ERROR, AWAITED) = range(len(FIELDS))  # fmt: skip
-_ENDED, _POSTED, _CTX_DESC = itemgetter(ENDED_AT), itemgetter(POSTED_AT), itemgetter(CTX, DESC)
+_ENDED, _POSTED, _CTX, _DESC = itemgetter(ENDED_AT), itemgetter(POSTED_AT), itemgetter(CTX), itemgetter(DESC)
 
 
 def state_of(entry: Entry) -> str:
@@ -187,13 +187,19 @@ class Recorder:
         batch = self._waiting + ring[first : first + fresh] + ring[: max(0, first + fresh - capacity)]
         self._folded, self._fold_at = count, count + min(_FOLD_EVERY, capacity)
         ended = list(map(_ENDED, batch))  # a time (true) or None: monotonic times are > 0
-        self._waiting = list(compress(batch, map(not_, ended)))
-        ops = self.ops
-        for (ctx, desc), run in groupby(compress(batch, ended), _CTX_DESC):
-            same = list(run)
-            stat = ops.setdefault(ctx, {}).setdefault(desc, [0, 0.0])
-            stat[0] += len(same)
-            stat[1] += sum(map(sub, map(_ENDED, same), map(_POSTED, same)))
+        if all(ended):
+            self._waiting = []
+        else:
+            self._waiting = list(compress(batch, map(not_, ended)))
+            batch = list(compress(batch, ended))
+        for desc, run in groupby(batch, _DESC):  # mostly one run: a loop calls the same collective
+            entries = list(run)
+            contexts = set(map(_CTX, entries))
+            for ctx in contexts:  # more than one: groups that make the same call, in turn
+                same = entries if len(contexts) == 1 else [entry for entry in entries if entry[CTX] == ctx]
+                stat = self.ops.setdefault(ctx, {}).setdefault(desc, [0, 0.0])
+                stat[0] += len(same)
+                stat[1] += sum(map(_ENDED, same)) - sum(map(_POSTED, same))
 
     def freeze(self) -> None:
         """A failure happens now: note what each open operation waits on, before

@@ -65,6 +65,17 @@ def test_an_operation_open_when_a_fold_passes_it_is_counted_by_a_later_fold() ->
     assert recorder.ops[1]["all_reduce(sum, float32[4])"][1] == pytest.approx(seconds, abs=1e-9)
 
 
+def test_groups_that_make_the_same_call_in_turn_are_counted_apart() -> None:
+    recorder = Recorder(rank=0, capacity=8)
+    for seq in range(5):
+        for ctx in (1, 3, 3):
+            entry = recorder.open("collective", ctx, f"g{ctx}", seq, "barrier", (0, 1), None, recorder.clock())
+            assert entry is not None
+            recorder.close(entry)
+    recorder.fold()
+    assert (recorder.ops[1]["barrier"][0], recorder.ops[3]["barrier"][0]) == (5, 10)
+
+
 def test_capacity_zero_records_nothing() -> None:
     recorder = Recorder(rank=0, capacity=0)
     assert recorder.open("collective", 1, "world", 1, "barrier", (0, 1), None, 0.0) is None
