@@ -33,7 +33,7 @@ import os
 import time
 from itertools import compress, groupby
 from operator import itemgetter, not_
-from typing import Any, List
+from typing import Any, List, cast
 
 from ..errors import InvalidArgumentError
 
@@ -184,7 +184,8 @@ class Recorder:
         ring, capacity, count = self._ring, self.capacity, self._count
         fresh = min(count - self._folded, capacity)  # the ring still holds them all
         first = (count - fresh) % capacity if capacity else 0
-        batch = self._waiting + ring[first : first + fresh] + ring[: max(0, first + fresh - capacity)]
+        wrapped = max(0, first + fresh - capacity)  # those past the ring's end, at its start
+        batch = self._waiting + cast(List[Entry], ring[first : first + fresh] + ring[:wrapped])
         self._folded, self._fold_at = count, count + min(_FOLD_EVERY, capacity)
         ended = list(map(_ENDED, batch))  # a time (true) or None: monotonic times are > 0
         if all(ended):

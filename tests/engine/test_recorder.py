@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from asyncdist.engine.descriptions import Described, parse, short
-from asyncdist.engine.recorder import DESC, ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, Recorder, capacity_from_env, state_of
+from asyncdist.engine.recorder import (
+    DESC, ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, STARTED_AT, Recorder, as_dict, capacity_from_env, state_of,
+)
 from asyncdist.engine.whereabouts import hang_warn_from_env
 from asyncdist.errors import InvalidArgumentError
 
@@ -52,10 +54,12 @@ def test_an_operation_open_when_a_fold_passes_it_is_counted_by_a_later_fold() ->
     first = _record(recorder, 0, "barrier")
     entries = []
     for seq in range(1, 10):  # the ring wraps over the open one; open() folds before each wrap
-        entries.append(_record(recorder, seq, "broadcast(src=0, int8[2])" if seq % 3 == 0 else "all_reduce(sum, float32[4])"))
+        desc = "broadcast(src=0, int8[2])" if seq % 3 == 0 else "all_reduce(sum, float32[4])"
+        entries.append(_record(recorder, seq, desc))
         recorder.close(entries[-1])
     recorder.fold()
-    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6 and recorder.ops[1]["broadcast(src=0, int8[2])"][0] == 3
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
+    assert recorder.ops[1]["broadcast(src=0, int8[2])"][0] == 3
     assert "barrier" not in recorder.ops[1]
     recorder.close(first)
     recorder.fold()
@@ -123,3 +127,17 @@ def test_hang_warn_from_the_environment() -> None:
 ])
 def test_descriptions_read_back_into_their_parts(desc: str, expected: Described) -> None:
     assert parse(desc) == expected
+
+
+def test_the_state_is_derived_from_the_times_and_the_error() -> None:
+    recorder = Recorder(rank=0, capacity=4)
+    entry = _record(recorder, 1)
+    assert (state_of(entry), as_dict(entry)["state"], as_dict(entry)["started"]) == ("posted", "posted", None)
+    entry[STARTED_AT] = recorder.clock()  # what a channel does as its call starts
+    assert as_dict(entry)["state"] == "started"
+    recorder.close(entry)
+    dumped = as_dict(entry)
+    assert dumped["state"] == "completed" and dumped["posted"] <= dumped["started"] <= dumped["ended"]
+    failed = _record(recorder, 2)
+    recorder.close(failed, InvalidArgumentError("bad"))
+    assert (as_dict(failed)["state"], as_dict(failed)["error"]) == ("failed", "InvalidArgumentError: bad")
