@@ -131,7 +131,8 @@ class Channel:
         self._group_name = group_name
         self.seq = seq
         self.op = op
-        self.deadline = asyncio.get_running_loop().time() + timeout
+        posted = asyncio.get_running_loop().time()
+        self.deadline = posted + timeout
         self.rank = rank
         self.size = len(ranks)
         self.closed = False
@@ -143,12 +144,12 @@ class Channel:
         # Its flight record: the group layer records each call it numbers (a
         # channel made only to fail a call is not); None when the recorder is off.
         self._entry: Entry | None = (
-            flight.recorder.open("collective", ctx, group_name, seq, op, ranks, self, self.deadline - timeout)
+            flight.recorder.open("collective", ctx, group_name, seq, op, ranks, self, posted)
             if record else None
         )  # fmt: skip
         # When a wait of this call warns that it hangs (None: never, or done).
         hang_warn = flight.hang_warn
-        self._warn_at = self.deadline - timeout + hang_warn if hang_warn else None
+        self._warn_at = posted + hang_warn if hang_warn else None
         register(self)  # with the Work this call runs for, if any
 
     @property
