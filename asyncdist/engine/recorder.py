@@ -21,8 +21,8 @@ the index constants below (``entry[ENDED_AT]``). A start or an end stores
 its time and nothing else (the state is derived from the times and the
 error, :func:`state_of`), and the operations are counted by description
 (``ops``, for ``stats()``) in batches (:meth:`Recorder.fold`), not as each
-ends. No formatting, no parsing, two clock reads per call (posted comes from
-the call's deadline). The figure is in docs/benchmarks.md ("Flight recorder cost").
+ends. No formatting, no parsing, two clock reads per call (posted is the
+loop time the call's deadline is computed from). The figure is in docs/benchmarks.md ("Flight recorder cost").
 
 Loop thread only, except :meth:`Recorder.entries`, which takes a snapshot.
 """
@@ -48,7 +48,7 @@ CLOCK = time.monotonic
 DEFAULT_CAPACITY = 2000
 
 POSTED, STARTED, COMPLETED, FAILED = "posted", "started", "completed", "failed"
-#: Ended operations are counted at least this often (see :meth:`Recorder.fold`).
+#: Ended operations are counted every this many operations (see :meth:`Recorder.fold`).
 _FOLD_EVERY = 64
 
 #: One recorded operation: a list whose fields are at these indices.
