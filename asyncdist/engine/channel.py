@@ -31,7 +31,7 @@ from ..errors import (
 )
 from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
-from .recorder import ENDED_AT, STARTED, STARTED_AT, STATE, Entry
+from .recorder import CLOCK, ENDED_AT, STARTED_AT, STEP, Entry
 from ..wire.frames import Header, Kind
 
 __all__ = ["Channel", "wait_until"]
@@ -119,6 +119,7 @@ class Channel:
         timeout: float,
         group_name: str,
         on_close: Callable[[int], None] | None = None,
+        record: bool = False,
     ) -> None:
         self._engine = engine
         self._on_close = on_close
@@ -130,7 +131,8 @@ class Channel:
         self._group_name = group_name
         self.seq = seq
         self.op = op
-        self.deadline = asyncio.get_running_loop().time() + timeout
+        posted = asyncio.get_running_loop().time()
+        self.deadline = posted + timeout
         self.rank = rank
         self.size = len(ranks)
         self.closed = False
@@ -138,10 +140,16 @@ class Channel:
         # is withdrawn, a send until its last byte is in the kernel (by group rank).
         self._receiving: dict[PostedRecv, int] = {}
         self._sending: dict[asyncio.Future, int] = {}
-        self._entry: Entry | None = None  # its flight record, once recorded
+        flight = engine.flight
+        # Its flight record: the group layer records each call it numbers (a
+        # channel made only to fail a call is not); None when the recorder is off.
+        self._entry: Entry | None = (
+            flight.recorder.open("collective", ctx, group_name, seq, op, ranks, self, posted)
+            if record else None
+        )  # fmt: skip
         # When a wait of this call warns that it hangs (None: never, or done).
-        hang_warn = engine.flight.hang_warn
-        self._warn_at = self.deadline - timeout + hang_warn if hang_warn else None
+        hang_warn = flight.hang_warn
+        self._warn_at = posted + hang_warn if hang_warn else None
         register(self)  # with the Work this call runs for, if any
 
     @property
@@ -164,15 +172,6 @@ class Channel:
         """The call's deadline passed: name it and every peer it still waits on."""
         self._engine.flight.dumps.on_failure(f"operation timeout in {self.where}")
         return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self._timeout, self.awaited()))
-
-    def record(self) -> None:
-        """Enter the call in the engine's flight recorder (the group layer does,
-        for each call it numbers; a channel made only to fail a call is not)."""
-        recorder = self._engine.flight.recorder
-        self._entry = recorder.open(
-            "collective", self._ctx, self._group_name, self.seq, self.op, self._ranks, self,
-            self.deadline - self._timeout,
-        )
 
     def _warning(self) -> tuple[float, Callable[[], Any]] | None:
         """The hang warning a wait of this call arms, if any (see :func:`wait_until`)."""
@@ -247,8 +246,7 @@ class Channel:
         """
         entry = self._entry
         if entry is not None:  # started: its messages flow
-            entry[STARTED_AT] = self._engine.flight.recorder.clock()
-            entry[STATE] = STARTED
+            entry[STARTED_AT] = CLOCK()
         try:
             result = await algorithm
         except AsyncDistError as error:
@@ -268,7 +266,9 @@ class Channel:
         if failed is not None:
             self._close_record(failed)
             raise failed
-        self._close_record(None)
+        if entry is not None:  # completed: as Recorder.close, without a call (the hot path)
+            entry[ENDED_AT] = CLOCK()
+            entry[STEP] = None
         return result
 
     def _close_record(self, error: AsyncDistError | None) -> None:

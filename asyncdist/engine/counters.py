@@ -4,8 +4,9 @@
 prints them per row. Per-peer traffic is counted where every message passes
 (the engine's send, each connection's inbox): two list increments, no
 allocation. Operations and the time spent in them are counted by the flight
-recorder as each ends (:meth:`~asyncdist.engine.recorder.Recorder.close`),
-so they need the recorder on (``ASYNCDIST_TRACE_BUFFER`` > 0).
+recorder from its ring, in batches of the operations ended since the last
+(:meth:`~asyncdist.engine.recorder.Recorder.fold`, which ``stats()`` runs
+before reading them), so they need the recorder on (``ASYNCDIST_TRACE_BUFFER`` > 0).
 
 Loop thread only (a reader on another thread gets a moment-stale copy).
 """
@@ -25,7 +26,8 @@ class Counters:
     Attributes:
         sent_bytes, sent_messages, received_bytes, received_messages: per
             global rank (payload bytes; messages with or without payload).
-        ops: context -> description -> [count, seconds from posted to ended].
+        ops: context -> description -> [count, seconds from posted to ended]
+            (filled by the recorder's folds).
     """
 
     __slots__ = ("sent_bytes", "sent_messages", "received_bytes", "received_messages", "ops")

@@ -13,11 +13,16 @@ It must not know the names of collectives: the group layer hands it a
 description and the engine stores it. Parsing the description (op, root,
 dtype, shape, bytes) happens when a dump is read, never on the hot path.
 
-Cost: this runs for every operation, so a record is a plain list (an
-:data:`Entry`) made by one list display and stored in a preallocated ring
-slot; its fields are read by the index constants below (``entry[STATE]``).
-No formatting, no parsing, three clock reads per call (posted comes from the
-call's deadline). The figure is in docs/benchmarks.md ("Flight recorder cost").
+Cost: this runs for every operation, and inside a real call every Python
+statement costs several times what it does in a tight loop, so each state
+change is one step: a record is a plain list (an :data:`Entry`) made by one
+list display and stored in a preallocated ring slot; its fields are read by
+the index constants below (``entry[ENDED_AT]``). A start or an end stores
+its time and nothing else (the state is derived from the times and the
+error, :func:`state_of`), and the operations are counted by description
+(``ops``, for ``stats()``) in batches (:meth:`Recorder.fold`), not as each
+ends. No formatting, no parsing, two clock reads per call (posted is the
+loop time the call's deadline is computed from). The figure is in docs/benchmarks.md ("Flight recorder cost").
 
 Loop thread only, except :meth:`Recorder.entries`, which takes a snapshot.
 """
@@ -26,17 +31,25 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, List
+from itertools import compress, groupby
+from operator import itemgetter, not_
+from typing import Any, List, cast
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["Entry", "Recorder", "BUFFER_ENV", "FIELDS", "POSTED", "STARTED", "COMPLETED", "FAILED", "as_dict"]
+__all__ = [
+    "CLOCK", "Entry", "Recorder", "BUFFER_ENV", "FIELDS", "POSTED", "STARTED", "COMPLETED", "FAILED", "as_dict",
+    "state_of",
+]
 
 BUFFER_ENV = "ASYNCDIST_TRACE_BUFFER"
+#: The clock of every time in the record: the loop's (``loop.time()`` is ``time.monotonic()``).
+CLOCK = time.monotonic
 DEFAULT_CAPACITY = 2000
 
 POSTED, STARTED, COMPLETED, FAILED = "posted", "started", "completed", "failed"
-_OPEN = (POSTED, STARTED)
+#: Ended operations are counted every this many operations (see :meth:`Recorder.fold`).
+_FOLD_EVERY = 64
 
 #: One recorded operation: a list whose fields are at these indices.
 Entry = List[Any]
@@ -46,17 +59,29 @@ Entry = List[Any]
 #: group's name, the call number); desc (the group layer's description);
 #: peers (global ranks); step (what says whom it waits on, while open);
 #: dtype, shape, nbytes (where the description does not say them); posted,
-#: started, ended (loop times); state; error; awaited (frozen by a failure).
+#: started, ended (loop times, None until then); error; awaited (frozen by a
+#: failure). A dump adds the state (:func:`state_of`).
 FIELDS = ("serial", "kind", "ctx", "group", "seq", "desc", "peers", "step", "dtype", "shape", "nbytes",
-          "posted", "started", "ended", "state", "error", "awaited")
+          "posted", "started", "ended", "error", "awaited")
 (SERIAL, KIND, CTX, GROUP, SEQ, DESC, PEERS, STEP, DTYPE, SHAPE, NBYTES,
- POSTED_AT, STARTED_AT, ENDED_AT, STATE, ERROR, AWAITED) = range(len(FIELDS))  # fmt: skip
+ POSTED_AT, STARTED_AT, ENDED_AT, ERROR, AWAITED) = range(len(FIELDS))  # fmt: skip
+_ENDED, _POSTED, _CTX, _DESC = itemgetter(ENDED_AT), itemgetter(POSTED_AT), itemgetter(CTX), itemgetter(DESC)
+
+
+def state_of(entry: Entry) -> str:
+    """An entry's state, from its times and error: posted, started, completed or failed."""
+    if entry[ERROR] is not None:
+        return FAILED
+    if entry[ENDED_AT] is not None:
+        return COMPLETED
+    return POSTED if entry[STARTED_AT] is None else STARTED
 
 
 def as_dict(entry: Entry) -> dict[str, Any]:
     """An entry as a JSON-able dict (dump time; the step, a live object, is left out)."""
     record = dict(zip(FIELDS, entry))
     del record["step"]
+    record["state"] = state_of(entry)
     record["peers"] = list(record["peers"])
     if record["shape"] is not None:
         record["shape"] = list(record["shape"])
@@ -94,20 +119,24 @@ class Recorder:
         ops: where ended operations are counted (:class:`~asyncdist.engine.counters.Counters`' ``ops``).
     """
 
-    __slots__ = ("rank", "capacity", "_ring", "_count", "clock", "lost", "heard", "ops")
+    __slots__ = ("rank", "capacity", "_ring", "_count", "_folded", "_fold_at", "_waiting", "clock", "lost", "heard",
+                 "ops")
 
     def __init__(self, rank: int, capacity: int, ops: dict[int, dict[str, list]] | None = None) -> None:
         self.rank = rank
         self.capacity = capacity
         self._ring: list[Entry | None] = [None] * capacity
         self._count = 0  # operations recorded so far
+        self._folded = 0  # the serials below are counted in ops, or waiting to end
+        self._fold_at = min(_FOLD_EVERY, capacity)  # the count at which open() folds next
+        self._waiting: list[Entry] = []  # passed by a fold while open: counted by a later fold
         #: the clock of every time in the record (the loop's: time.monotonic)
-        self.clock = time.monotonic
+        self.clock = CLOCK
         #: peers lost, global rank -> why (as the engine learned it)
         self.lost: dict[int, str] = {}
         #: what each peer last answered a hang question (global rank -> its answer, with "asked" in loop time)
         self.heard: dict[int, dict[str, Any]] = {}
-        #: context -> description -> [count, seconds] of the operations that ended
+        #: context -> description -> [count, seconds] of the operations that ended (as of the last fold)
         self.ops = {} if ops is None else ops
 
     def open(
@@ -123,29 +152,55 @@ class Recorder:
         if not capacity:
             return None
         count = self._count
+        if count >= self._fold_at:
+            self.fold()  # before the ring overwrites an operation not counted yet
         self._count = count + 1
         entry = [count, kind, ctx, group, seq, desc, peers, step, None, None, nbytes,
-                 posted, started, None, POSTED if started is None else STARTED, None, None]  # fmt: skip
+                 posted, started, None, None, None]  # fmt: skip
         self._ring[count % capacity] = entry
         return entry
 
-    def close(self, entry: Entry, error: BaseException | None = None) -> None:
-        """Mark ``entry`` completed, or failed with ``error``, and count it (loop thread)."""
-        entry[ENDED_AT] = ended = self.clock()
+    @staticmethod
+    def close(entry: Entry, error: BaseException | None = None) -> None:
+        """Mark ``entry`` completed, or failed with ``error`` (loop thread; a
+        collective's channel ends a completed call's entry itself, the same way:
+        the end time, and the step let go)."""
+        entry[ENDED_AT] = CLOCK()
         entry[STEP] = None
-        per_context = self.ops.get(entry[CTX])
-        if per_context is None:
-            per_context = self.ops[entry[CTX]] = {}
-        stat = per_context.get(entry[DESC])
-        if stat is None:
-            stat = per_context[entry[DESC]] = [0, 0.0]
-        stat[0] += 1
-        stat[1] += ended - entry[POSTED_AT]
-        if error is None:
-            entry[STATE] = COMPLETED
-        else:
-            entry[STATE] = FAILED
+        if error is not None:
             entry[ERROR] = f"{type(error).__name__}: {error}"
+
+    def fold(self) -> None:
+        """Count the operations that ended since the last fold in ``ops`` (loop thread).
+
+        Counting each operation as it ended cost more inside a real call than
+        the rest of the recorder's work together; a batch is counted mostly in
+        C (runs of equal descriptions at once). :meth:`open` folds every
+        ``_FOLD_EVERY`` operations (or ``capacity``, if fewer), before the ring
+        overwrites one not counted; read the counters after a fold
+        (``stats()`` does). An operation still open when a fold passes it
+        waits for a later fold.
+        """
+        ring, capacity, count = self._ring, self.capacity, self._count
+        fresh = min(count - self._folded, capacity)  # the ring still holds them all
+        first = (count - fresh) % capacity if capacity else 0
+        wrapped = max(0, first + fresh - capacity)  # those past the ring's end, at its start
+        batch = self._waiting + cast(List[Entry], ring[first : first + fresh] + ring[:wrapped])
+        self._folded, self._fold_at = count, count + min(_FOLD_EVERY, capacity)
+        ended = list(map(_ENDED, batch))  # a time (true) or None: monotonic times are > 0
+        if all(ended):
+            self._waiting = []
+        else:
+            self._waiting = list(compress(batch, map(not_, ended)))
+            batch = list(compress(batch, ended))
+        for desc, run in groupby(batch, _DESC):  # mostly one run: a loop calls the same collective
+            entries = list(run)
+            contexts = set(map(_CTX, entries))
+            for ctx in contexts:  # more than one: groups that make the same call, in turn
+                same = entries if len(contexts) == 1 else [entry for entry in entries if entry[CTX] == ctx]
+                stat = self.ops.setdefault(ctx, {}).setdefault(desc, [0, 0.0])
+                stat[0] += len(same)
+                stat[1] += sum(map(_ENDED, same)) - sum(map(_POSTED, same))
 
     def freeze(self) -> None:
         """A failure happens now: note what each open operation waits on, before
@@ -161,7 +216,7 @@ class Recorder:
                    for receiving, sending in (_awaited(entry[STEP]) for entry in self._open_entries()))
 
     def _open_entries(self) -> list[Entry]:
-        return [entry for entry in self.entries() if entry[STEP] is not None and entry[STATE] in _OPEN]
+        return [entry for entry in self.entries() if entry[STEP] is not None and entry[ENDED_AT] is None]
 
     def entries(self) -> list[Entry]:
         """The recorded operations, oldest first (any thread: a snapshot)."""

@@ -184,8 +184,7 @@ class Calls:
         self._described[seq] = op
         while len(self._described) > _REMEMBERED_CALLS:
             self._described.popitem(last=False)
-        channel = self._channel(seq, op, on_close=self._open.discard)
-        channel.record()  # in the flight recorder, with this call's number and description
+        channel = self._channel(seq, op, on_close=self._open.discard, record=True)  # in the flight recorder
         error = self._take_late() or self._stale_error(stale) or self._disagreement(seq, op)
         if error is not None:
             channel.fail(error)  # the other members of this call learn of it now
@@ -301,11 +300,13 @@ class Calls:
         self._open.add(self._last)
         return self._last
 
-    def _channel(self, seq: int, op: str, on_close: Callable[[int], None] | None = None) -> Channel:
+    def _channel(
+        self, seq: int, op: str, on_close: Callable[[int], None] | None = None, record: bool = False
+    ) -> Channel:
         m = self.members
         return Channel(
             self.engine, m.ranks, m.rank, ctx=self.collective_context, seq=seq, op=op,
-            timeout=self.timeout, group_name=m.name, on_close=on_close,
+            timeout=self.timeout, group_name=m.name, on_close=on_close, record=record,
         )  # fmt: skip
 
     # -- deadlines -------------------------------------------------------------------

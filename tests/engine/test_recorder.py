@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from asyncdist.engine.descriptions import Described, parse, short
-from asyncdist.engine.recorder import ERROR, SEQ, SERIAL, STATE, Recorder, capacity_from_env
+from asyncdist.engine.recorder import (
+    DESC, ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, STARTED_AT, Recorder, as_dict, capacity_from_env, state_of,
+)
 from asyncdist.engine.whereabouts import hang_warn_from_env
 from asyncdist.errors import InvalidArgumentError
 
@@ -31,19 +33,51 @@ def test_an_open_operation_keeps_its_record_when_the_ring_wraps_over_it() -> Non
     for seq in (2, 3):
         recorder.close(_record(recorder, seq))
     assert [e[SEQ] for e in recorder.entries()] == [2, 3]
-    assert (first[SEQ], first[STATE]) == (1, "posted")
+    assert (first[SEQ], state_of(first)) == (1, "posted")
     recorder.close(first, InvalidArgumentError("bad"))
-    assert (first[STATE], first[ERROR]) == ("failed", "InvalidArgumentError: bad")
+    assert (state_of(first), first[ERROR]) == ("failed", "InvalidArgumentError: bad")
     assert [e[SEQ] for e in recorder.entries()] == [2, 3]
 
 
-def test_operations_are_counted_by_description_as_they_end() -> None:
+def test_operations_are_counted_by_description_once_folded() -> None:
     recorder = Recorder(rank=0, capacity=3)
     for seq in range(4):
         recorder.close(_record(recorder, seq))
+    recorder.fold()
     assert list(recorder.ops) == [1]
     (count, seconds), = recorder.ops[1].values()
     assert count == 4 and seconds > 0
+
+
+def test_an_operation_open_when_a_fold_passes_it_is_counted_by_a_later_fold() -> None:
+    recorder = Recorder(rank=0, capacity=4)
+    first = _record(recorder, 0, "barrier")
+    entries = []
+    for seq in range(1, 10):  # the ring wraps over the open one; open() folds before each wrap
+        desc = "broadcast(src=0, int8[2])" if seq % 3 == 0 else "all_reduce(sum, float32[4])"
+        entries.append(_record(recorder, seq, desc))
+        recorder.close(entries[-1])
+    recorder.fold()
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
+    assert recorder.ops[1]["broadcast(src=0, int8[2])"][0] == 3
+    assert "barrier" not in recorder.ops[1]
+    recorder.close(first)
+    recorder.fold()
+    recorder.fold()  # counted once only
+    assert recorder.ops[1]["barrier"][0] == 1 and recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
+    seconds = sum(e[ENDED_AT] - e[POSTED_AT] for e in entries if e[DESC].startswith("all_reduce"))
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"][1] == pytest.approx(seconds, abs=1e-9)
+
+
+def test_groups_that_make_the_same_call_in_turn_are_counted_apart() -> None:
+    recorder = Recorder(rank=0, capacity=8)
+    for seq in range(5):
+        for ctx in (1, 3, 3):
+            entry = recorder.open("collective", ctx, f"g{ctx}", seq, "barrier", (0, 1), None, recorder.clock())
+            assert entry is not None
+            recorder.close(entry)
+    recorder.fold()
+    assert (recorder.ops[1]["barrier"][0], recorder.ops[3]["barrier"][0]) == (5, 10)
 
 
 def test_capacity_zero_records_nothing() -> None:
@@ -93,3 +127,17 @@ def test_hang_warn_from_the_environment() -> None:
 ])
 def test_descriptions_read_back_into_their_parts(desc: str, expected: Described) -> None:
     assert parse(desc) == expected
+
+
+def test_the_state_is_derived_from_the_times_and_the_error() -> None:
+    recorder = Recorder(rank=0, capacity=4)
+    entry = _record(recorder, 1)
+    assert (state_of(entry), as_dict(entry)["state"], as_dict(entry)["started"]) == ("posted", "posted", None)
+    entry[STARTED_AT] = recorder.clock()  # what a channel does as its call starts
+    assert as_dict(entry)["state"] == "started"
+    recorder.close(entry)
+    dumped = as_dict(entry)
+    assert dumped["state"] == "completed" and dumped["posted"] <= dumped["started"] <= dumped["ended"]
+    failed = _record(recorder, 2)
+    recorder.close(failed, InvalidArgumentError("bad"))
+    assert (as_dict(failed)["state"], as_dict(failed)["error"]) == ("failed", "InvalidArgumentError: bad")
