@@ -25,9 +25,8 @@ marks the switch in the ring, and sends every frame on the socket until
 one fits in the ring again; then it sends *back* (seq 3, the switch's
 number in ``tag``) on the socket and writes to the ring. The reader reads
 the ring up to the switch, then the socket up to *back*, then the ring
-again, so the frames keep their order; before it reads the socket it
-reads the ring, which holds what was written before anything that came
-on the socket.
+again, so the frames keep their order: whenever bytes come off the socket
+it first reads the ring, which holds whatever was written before them.
 
 A writer rings the reader (a ``Kind.WAKE`` frame on the socket) only when
 the reader is not polling and no earlier wake-up is unanswered.

@@ -274,8 +274,6 @@ class Connection:
     # -- reading -----------------------------------------------------------
 
     def _on_readable(self) -> None:
-        if self.rings is not None:
-            self.rings.drain()  # what the ring holds was written before what comes on the socket
         self._read()
 
     def _read(self) -> int:
@@ -292,6 +290,8 @@ class Connection:
                     return total
                 total += n
                 self.last_received = self._loop.time()
+                if self.rings is not None and self.rings.reading:  # the ring holds what was written before these bytes
+                    self.rings.drain()
                 decoder.buffer_updated(n)
                 if n < view.nbytes and self._short_read_ends:
                     return total  # drained what the kernel had
