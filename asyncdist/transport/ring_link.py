@@ -97,10 +97,10 @@ class RingPoller:
     frame there does. It still writes to the rings its peers offer.
     """
 
-    __slots__ = ("loop", "spin", "_links", "_busy", "_until", "_handle")
+    __slots__ = ("_loop", "spin", "_links", "_busy", "_until", "_handle")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, spin: float) -> None:
-        self.loop = loop
+        self._loop = loop
         self.spin = spin
         self._links: list[RingLink] = []
         self._busy = False  # traffic since the last look: polling goes on
@@ -123,7 +123,7 @@ class RingPoller:
         if self._handle is None and self._links:
             for link in self._links:
                 link.set_polling(True)
-            self._handle = self.loop.call_soon(self._poll)
+            self._handle = self._loop.call_soon(self._poll)
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -148,7 +148,7 @@ class RingPoller:
             for link in links:
                 link.set_polling(True)
             self._until = now + self.spin
-        self._handle = self.loop.call_soon(self._poll)
+        self._handle = self._loop.call_soon(self._poll)
 
 
 class RingLink:
@@ -182,7 +182,6 @@ class RingLink:
         fail: Callable[[Exception], None],
         heard: Callable[[], None],
     ) -> None:
-        self._loop = poller.loop
         self.peer = peer
         self._me = me
         self._decoder = decoder
