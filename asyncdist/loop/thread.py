@@ -68,7 +68,7 @@ from . import exits as loop_exits
 from ..errors import WrongThreadError
 from ..gpu.callers import caller_context
 from .asyncio_internals import running_loop_or_none
-from ..transport.spinning import spin_seconds
+from ..transport.spinning import forbid_spinning_here, spin_seconds
 from .turns import Driver
 
 __all__ = ["LoopThread", "new_event_loop", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX"]
@@ -155,6 +155,7 @@ class LoopThread:
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
+        forbid_spinning_here()  # it runs the loop while the callers do something else
         me = threading.get_ident()
         while self._take_when_needed(me):
             try:

@@ -18,18 +18,23 @@ Agreement, per direction, all on the socket:
 3. the offering end reads the ring from the moment it reads "accepted",
    so nothing that came before on the socket is overtaken.
 
-Only whole frames go into a ring. A frame that does not fit in the room
-the reader has left goes on the socket instead, where the kernel holds it
-as it would have without rings (also after this process ends): the writer
-marks the switch in the ring, and sends every frame on the socket until
-one fits in the ring again; then it sends *back* (seq 3, the switch's
-number in ``tag``) on the socket and writes to the ring. The reader reads
-the ring up to the switch, then the socket up to *back*, then the ring
-again, so the frames keep their order: whenever bytes come off the socket
-it first reads the ring, which holds whatever was written before them.
+Only whole frames go into a ring, and only while the reader polls it. A
+frame that does not fit in the room the reader has left, or finds the
+reader not polling (it would have to be woken, which the socket's own
+bytes do), goes on the socket instead, where the kernel holds it as it
+would have without rings (also after this process ends): the writer marks
+the switch in the ring, and sends every frame on the socket until one can
+go to the ring again; then it sends *back* (seq 3, the switch's number in
+``tag``) on the socket and writes to the ring. The reader reads the ring
+up to the switch, then the socket up to *back*, then the ring again, so
+the frames keep their order: whenever bytes come off the socket it first
+reads the ring, which holds whatever was written before them.
 
-A writer rings the reader (a ``Kind.WAKE`` frame on the socket) only when
-the reader is not polling and no earlier wake-up is unanswered.
+A reader that stops polling says so, then looks at the ring once more: a
+frame written by a writer that saw it polling is still taken. Only a
+writer that finds, after writing, that the reader has just stopped rings
+it (a ``Kind.WAKE`` frame on the socket), and only if no earlier wake-up is
+unanswered.
 
 Loop thread only; nothing here blocks or raises into the loop.
 """
@@ -40,11 +45,12 @@ import asyncio
 import logging
 import os
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sized
 
 from ..errors import PeerLostError, ProtocolError
 from ..wire.frames import FrameDecoder, Header, Kind, encode_header
 from .shared_ring import Ring, supported
+from .spinning import may_spin
 
 __all__ = ["RingLink", "RingPoller", "ring_bytes", "SHM_ENV", "RING_BYTES_ENV"]
 
@@ -55,12 +61,12 @@ _OFFER, _ACCEPTED, _REFUSED, _BACK = 0, 1, 2, 3
 SHM_ENV = "ASYNCDIST_SHM"
 #: Bytes of each ring (a power of two, at least 4096).
 RING_BYTES_ENV = "ASYNCDIST_SHM_RING_BYTES"
-# Room for a 128 KiB message whole and its successor; larger ones stream
-# through. Memory is taken as it is first written.
-DEFAULT_RING_BYTES = 256 * 1024
+# Room for two frames of anything sent inline (payloads from 512 KiB are read
+# from the sender's memory, :mod:`.cma`). Memory is taken as it is first written.
+DEFAULT_RING_BYTES = 1 << 20
 # The rings one rank reads take at most this much in all, by default: a rank
-# of a large job gets smaller rings (at 64 ranks on one host, 64 KiB each).
-_INBOUND_BUDGET_BYTES = 4 << 20
+# of a large job gets smaller rings (at 64 ranks on one host, 128 KiB each).
+_INBOUND_BUDGET_BYTES = 8 << 20
 _MIN_DEFAULT_RING_BYTES = 16 * 1024
 
 
@@ -97,30 +103,36 @@ class RingPoller:
     frame there does. It still writes to the rings its peers offer.
     """
 
-    __slots__ = ("_loop", "spin", "_links", "_busy", "_until", "_handle")
+    __slots__ = ("_loop", "spin", "_links", "_copying", "_busy", "_until", "_handle")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, spin: float) -> None:
         self._loop = loop
         self.spin = spin
         self._links: list[RingLink] = []
+        self._copying: tuple[Sized, ...] = ()  # each link's payloads its peer copies
         self._busy = False  # traffic since the last look: polling goes on
         self._until = 0.0
         self._handle: asyncio.Handle | None = None
 
     def add(self, link: RingLink) -> None:
+        """Read ``link``'s ring too; a new ring is traffic (its writer may be writing now)."""
         self._links.append(link)
+        self._copying = tuple(link.copying for link in self._links)
         link.set_polling(self._handle is not None)
+        self.activity()
 
     def remove(self, link: RingLink) -> None:
         if link in self._links:
             self._links.remove(link)
+            self._copying = tuple(link.copying for link in self._links)
 
     def activity(self) -> None:
-        """Something was sent, read or posted: look at the rings for a while."""
+        """Something was sent, read or posted: look at the rings for a while
+        (unless this thread may not spin: :func:`~.spinning.may_spin`)."""
         if not self.spin:
             return
         self._busy = True
-        if self._handle is None and self._links:
+        if self._handle is None and self._links and may_spin():
             for link in self._links:
                 link.set_polling(True)
             self._handle = self._loop.call_soon(self._poll)
@@ -137,18 +149,23 @@ class RingPoller:
         if got or self._busy:
             self._busy = False
             self._until = now + self.spin
-        if not got:
-            os.sched_yield()  # a runnable peer on this core (the writer, perhaps) goes first
-        if now >= self._until:
-            for link in links:
-                link.set_polling(False)
-            if not sum(link.drain() for link in links):  # written before the writers saw it stop
-                self._handle = None
-                return
+        # While frames come, or idle but not in a thread that runs the loop for callers
+        # elsewhere, nor while a peer copies a large payload out of this process (with
+        # two threads, :mod:`.cma`).
+        if now < self._until and (got or (may_spin() and not any(self._copying))):
+            if not got:
+                os.sched_yield()  # a runnable peer on this core (the writer, perhaps) goes first
+            self._handle = self._loop.call_soon(self._poll)
+            return
+        for link in links:
+            link.set_polling(False)
+        if sum(link.drain() for link in links) and may_spin():  # written before the writers saw it stop
             for link in links:
                 link.set_polling(True)
             self._until = now + self.spin
-        self._handle = self._loop.call_soon(self._poll)
+            self._handle = self._loop.call_soon(self._poll)
+        else:
+            self._handle = None
 
 
 class RingLink:
@@ -168,6 +185,8 @@ class RingLink:
             PeerLostError once it is closed.
         fail: ends the connection for an error in the frames read.
         heard: called whenever bytes were read from the ring (liveness).
+        copying: the payloads the peer is copying out of this process's
+            memory now (sized; the poller does not spin while there are any).
     """
 
     def __init__(
@@ -181,6 +200,7 @@ class RingLink:
         send_on_socket: Callable[[bytes, memoryview | None], asyncio.Future | None],
         fail: Callable[[Exception], None],
         heard: Callable[[], None],
+        copying: Sized,
     ) -> None:
         self.peer = peer
         self._me = me
@@ -188,6 +208,7 @@ class RingLink:
         self._send_on_socket = send_on_socket
         self._fail = fail
         self._heard = heard
+        self.copying = copying
         self._poller = poller
         self._capacity = capacity
         self._accept = accept
@@ -273,7 +294,7 @@ class RingLink:
         assert ring is not None, "write() only while writing"
         self._poller.activity()
         size = len(header) + (0 if payload is None else payload.nbytes)
-        if not ring.fits(size) or (self._switched and not ring.can_switch_again()):
+        if not ring.reader_polls() or not ring.fits(size) or (self._switched and not ring.can_switch_again()):
             if not self._switched:
                 self._switched = ring.switch()
             return self._send_on_socket(header, payload)

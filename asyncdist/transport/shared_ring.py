@@ -182,6 +182,10 @@ class Ring:
         """Make every byte :meth:`put` so far visible to the reader."""
         self._words[_W_TAIL] = self._count
 
+    def reader_polls(self) -> bool:
+        """Whether the reader says it looks at the ring unprompted now."""
+        return bool(self._words[_W_POLLING])
+
     def wake_needed(self) -> bool:
         """After :meth:`publish`: whether the reader must be told (it is not
         polling, and no earlier wake-up is still unanswered). True counts

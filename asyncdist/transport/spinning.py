@@ -9,14 +9,24 @@ that very core. So a rank spins only when the launcher says how many ranks
 share its host and they fit the cores it may use. Both the blocking facade
 (:mod:`asyncdist.loop.turns`) and the shared-memory rings
 (:mod:`.ring_link`) follow this one rule.
+
+A second rule, per thread: only a thread whose caller waits may spin. The
+blocking facade's loop thread runs the loop in the background while the
+caller computes (a DDP step's backward while its buckets are reduced);
+spinning there takes the core, and the GIL, from that computation (a 10M
+parameter DDP step was 5 % slower). That thread says so once
+(:func:`forbid_spinning_here`), and the rings' poller asks :func:`may_spin`.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Mapping
 
-__all__ = ["spin_seconds", "SPIN_ENV", "DEFAULT_SPIN_SECONDS"]
+__all__ = ["spin_seconds", "may_spin", "forbid_spinning_here", "SPIN_ENV", "DEFAULT_SPIN_SECONDS"]
+
+_here = threading.local()
 
 #: Microseconds a blocking call spins before it sleeps (0: never spin).
 SPIN_ENV = "ASYNCDIST_SPIN_US"
@@ -42,3 +52,13 @@ def spin_seconds(environ: Mapping[str, str] = os.environ) -> float:
         return 0.0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return DEFAULT_SPIN_SECONDS if int(local_ranks) <= cores else 0.0
+
+
+def may_spin() -> bool:
+    """Whether the calling thread may spin (see the module doc); True unless forbidden."""
+    return getattr(_here, "may_spin", True)
+
+
+def forbid_spinning_here() -> None:
+    """The calling thread runs the loop for callers that do not wait on it: it never spins."""
+    _here.may_spin = False

@@ -180,7 +180,7 @@ class Connection:
         frames go to ``sink``; write to the one it offers if ``accept`` (:mod:`.ring_link`)."""
         decoder = FrameDecoder(sink, max_payload=self._decoder.max_payload) if capacity else None
         self.rings = RingLink(self.peer, self._me, decoder, poller, capacity, accept,
-                              self._send_on_socket, self._broken, self._heard)
+                              self._send_on_socket, self._broken, self._heard, self._awaiting_done)
         self.rings.offer()
 
     def _heard(self) -> None:
