@@ -55,6 +55,7 @@ __all__ = [
     "read_payload",
     "fold_payload",
     "FOLD_PIECE_BYTES",
+    "SPLIT_READ_BYTES",
 ]
 
 _ENABLE_ENV = "ASYNCDIST_CMA"
@@ -84,8 +85,8 @@ def _bind_process_vm_readv():
 
 
 _process_vm_readv = _bind_process_vm_readv()
-# Reads from this size are split across two threads (see PeerMemory.read_into).
-_SPLIT_READ_BYTES = 4 << 20
+#: Reads from this size are split across two threads (see PeerMemory.read_into).
+SPLIT_READ_BYTES = 4 << 20
 _reader: tuple[int, ThreadPoolExecutor] | None = None  # (pid, executor)
 _reader_lock = threading.Lock()
 
@@ -152,7 +153,7 @@ class PeerMemory:
             OSError: the memory cannot be read (the peer exited, or the
                 address is not mapped there).
         """
-        if dest.nbytes < _SPLIT_READ_BYTES:
+        if dest.nbytes < SPLIT_READ_BYTES:
             self._read(dest, addr)
             return
         half = dest.nbytes // 2

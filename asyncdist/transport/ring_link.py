@@ -45,10 +45,11 @@ import asyncio
 import logging
 import os
 import time
-from typing import Callable, Mapping, Sized
+from typing import Callable, Mapping, Sequence
 
 from ..errors import PeerLostError, ProtocolError
 from ..wire.frames import FrameDecoder, Header, Kind, encode_header
+from . import cma
 from .shared_ring import Ring, supported
 from .spinning import may_spin
 
@@ -103,13 +104,12 @@ class RingPoller:
     frame there does. It still writes to the rings its peers offer.
     """
 
-    __slots__ = ("_loop", "spin", "_links", "_copying", "_busy", "_until", "_handle")
+    __slots__ = ("_loop", "spin", "_links", "_busy", "_until", "_handle")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, spin: float) -> None:
         self._loop = loop
         self.spin = spin
         self._links: list[RingLink] = []
-        self._copying: tuple[Sized, ...] = ()  # each link's payloads its peer copies
         self._busy = False  # traffic since the last look: polling goes on
         self._until = 0.0
         self._handle: asyncio.Handle | None = None
@@ -117,14 +117,12 @@ class RingPoller:
     def add(self, link: RingLink) -> None:
         """Read ``link``'s ring too; a new ring is traffic (its writer may be writing now)."""
         self._links.append(link)
-        self._copying = tuple(link.copying for link in self._links)
         link.set_polling(self._handle is not None)
         self.activity()
 
     def remove(self, link: RingLink) -> None:
         if link in self._links:
             self._links.remove(link)
-            self._copying = tuple(link.copying for link in self._links)
 
     def activity(self) -> None:
         """Something was sent, read or posted: look at the rings for a while
@@ -150,9 +148,9 @@ class RingPoller:
             self._busy = False
             self._until = now + self.spin
         # While frames come, or idle but not in a thread that runs the loop for callers
-        # elsewhere, nor while a peer copies a large payload out of this process (with
-        # two threads, :mod:`.cma`).
-        if now < self._until and (got or (may_spin() and not any(self._copying))):
+        # elsewhere, nor while a peer copies a payload out of this process with two
+        # threads (:mod:`.cma`): spinning would take one of their cores.
+        if now < self._until and (got or (may_spin() and not any(link.copied_by_two_threads() for link in links))):
             if not got:
                 os.sched_yield()  # a runnable peer on this core (the writer, perhaps) goes first
             self._handle = self._loop.call_soon(self._poll)
@@ -185,8 +183,8 @@ class RingLink:
             PeerLostError once it is closed.
         fail: ends the connection for an error in the frames read.
         heard: called whenever bytes were read from the ring (liveness).
-        copying: the payloads the peer is copying out of this process's
-            memory now (sized; the poller does not spin while there are any).
+        copying: the (future, payload) pairs of the payloads the peer is
+            reading out of this process's memory (the connection's, :mod:`.cma`).
     """
 
     def __init__(
@@ -200,7 +198,7 @@ class RingLink:
         send_on_socket: Callable[[bytes, memoryview | None], asyncio.Future | None],
         fail: Callable[[Exception], None],
         heard: Callable[[], None],
-        copying: Sized,
+        copying: Sequence[tuple[asyncio.Future, memoryview]],
     ) -> None:
         self.peer = peer
         self._me = me
@@ -208,7 +206,7 @@ class RingLink:
         self._send_on_socket = send_on_socket
         self._fail = fail
         self._heard = heard
-        self.copying = copying
+        self._copying = copying
         self._poller = poller
         self._capacity = capacity
         self._accept = accept
@@ -316,6 +314,11 @@ class RingLink:
         if self._in is not None and self.reading:
             self._in.acknowledge_wake()
             self.drain()
+
+    def copied_by_two_threads(self) -> bool:
+        """Whether the peer is reading a payload out of this process with two threads now."""
+        copying = self._copying
+        return bool(copying) and copying[-1][1].nbytes >= cma.SPLIT_READ_BYTES
 
     def set_polling(self, polling: bool) -> None:
         if self._in is not None:

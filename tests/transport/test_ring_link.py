@@ -264,7 +264,10 @@ class _CountingLink:
     """Stands in for a RingLink: counts the poller's looks and what it says about polling."""
 
     def __init__(self) -> None:
-        self.looks, self.polling, self.copying = 0, [], ()
+        self.looks, self.polling = 0, []
+
+    def copied_by_two_threads(self) -> bool:
+        return False
 
     def drain(self) -> int:
         self.looks += 1
