@@ -58,20 +58,16 @@ __all__ = ["RingLink", "RingPoller", "ring_bytes", "SHM_ENV", "RING_BYTES_ENV"]
 log = logging.getLogger("asyncdist.transport")
 
 _OFFER, _ACCEPTED, _REFUSED, _BACK = 0, 1, 2, 3
-#: The largest frame sent through a ring. What a ring saves is a system call and a
-#: wake-up per frame; a larger frame's copies cost more than that, and the kernel's
-#: socket path moves it as fast while the ring stays free for the small ones.
-RING_FRAME_MAX = 64 << 10
 #: "0" turns the shared-memory rings off (default on, where :func:`supported`).
 SHM_ENV = "ASYNCDIST_SHM"
 #: Bytes of each ring (a power of two, at least 4096).
 RING_BYTES_ENV = "ASYNCDIST_SHM_RING_BYTES"
-# Room for four of the largest frames a ring takes (RING_FRAME_MAX). Memory is
-# taken as it is first written.
-DEFAULT_RING_BYTES = 256 * 1024
+# Room for two frames of anything sent inline (payloads from 512 KiB are read
+# from the sender's memory, :mod:`.cma`). Memory is taken as it is first written.
+DEFAULT_RING_BYTES = 1 << 20
 # The rings one rank reads take at most this much in all, by default: a rank
-# of a large job gets smaller rings (at 64 ranks on one host, 64 KiB each).
-_INBOUND_BUDGET_BYTES = 4 << 20
+# of a large job gets smaller rings (at 64 ranks on one host, 128 KiB each).
+_INBOUND_BUDGET_BYTES = 8 << 20
 _MIN_DEFAULT_RING_BYTES = 16 * 1024
 
 
@@ -296,9 +292,7 @@ class RingLink:
         assert ring is not None, "write() only while writing"
         self._poller.activity()
         size = len(header) + (0 if payload is None else payload.nbytes)
-        if size > RING_FRAME_MAX or not ring.reader_polls() or not ring.fits(size) or (
-            self._switched and not ring.can_switch_again()
-        ):
+        if not ring.reader_polls() or not ring.fits(size) or (self._switched and not ring.can_switch_again()):
             if not self._switched:
                 self._switched = ring.switch()
             return self._send_on_socket(header, payload)

@@ -162,7 +162,7 @@ async def test_a_rank_takes_frames_from_its_rings_without_wake_ups_while_it_poll
         assert len(rung) < 5, f"{len(rung)} wake-ups for 50 messages to a polling rank"
 
 
-@pytest.mark.parametrize(("world_size", "capacity"), [(2, 256 << 10), (17, 256 << 10), (33, 128 << 10), (64, 64 << 10), (1000, 16 << 10)])
+@pytest.mark.parametrize(("world_size", "capacity"), [(2, 1 << 20), (9, 1 << 20), (17, 512 << 10), (33, 256 << 10), (64, 128 << 10), (1000, 16 << 10)])
 def test_ranks_of_a_large_job_offer_smaller_rings(world_size: int, capacity: int) -> None:
     assert ring_link.ring_bytes(world_size, {}) == capacity
     assert ring_link.ring_bytes(world_size, {ring_link.RING_BYTES_ENV: "8192"}) == 8192
