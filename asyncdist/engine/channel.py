@@ -28,6 +28,7 @@ from ..buffers.host import HostBuffer
 from .engine import Engine
 from ..errors import (
     AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError, PeerLostError,
+    RankExcludedError,
 )
 from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
@@ -290,11 +291,13 @@ class Channel:
         """Mark the call failed on this rank: its receives fail, its late
         messages are dropped (not taken for a later call's), and unless the
         error came from another rank, the other members get an ABORT so they
-        fail at once instead of waiting for their timeout."""
+        fail at once instead of waiting for their timeout. A rank the others
+        excluded tells them nothing: they have dropped it, and its ABORT could
+        fail a call of theirs that has this one's number."""
         engine = self._engine
         self._close_record(error)
         engine.fail_call(self._ctx, self.seq, error)
-        if relay and not is_relayed(error):
+        if relay and not is_relayed(error) and not isinstance(error, RankExcludedError):
             engine.send_abort([r for r in self._ranks if r != engine.rank], self._ctx, self.seq, error)
 
     def withdraw(self, recv: PostedRecv) -> None:
