@@ -1,10 +1,11 @@
 """The shared-memory side of one connection: a ring each way, rung over the socket.
 
 A :class:`RingLink` belongs to one :class:`~asyncdist.transport.stream.Connection`.
-Once both ends agree, every frame the connection sends, messages and
-control frames alike, goes through the peer's :class:`~.shared_ring.Ring`
-instead of the socket, so frames keep the one order they were sent in. The
-socket stays: it carries the agreement, the wake-ups, and the end of the
+Once both ends agree, the frames the connection sends, messages and
+control frames alike, go through the peer's :class:`~.shared_ring.Ring`
+instead of the socket whenever they can (below), and keep the one order
+they were sent in. The socket stays: it carries the agreement, the frames
+that cannot go through the ring, the rare wake-up, and the end of the
 stream (a peer that dies closes it, which is how its loss is noticed).
 
 Agreement, per direction, all on the socket:
