@@ -19,7 +19,7 @@ from asyncdist.buffers.host import as_host_buffer
 from asyncdist.errors import BufferMismatchError, PeerLostError, ProtocolError
 from asyncdist.reduce.kernels import ReduceOp
 from asyncdist.testing import local_world, spawn
-from asyncdist.transport import cma, stream
+from asyncdist.transport import cma
 from asyncdist.transport.stream import Connection
 from asyncdist.wire.frames import FrameDecoder, Header, Kind, encode_header
 
