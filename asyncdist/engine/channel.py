@@ -35,7 +35,7 @@ from .progress import Awaited, register, timeout_message
 from .recorder import CLOCK, ENDED_AT, STARTED_AT, STEP, Entry
 from ..wire.frames import Header, Kind
 
-__all__ = ["Channel", "wait_until"]
+__all__ = ["Channel", "arm_deadline", "wait_until"]
 
 T = TypeVar("T")
 
@@ -45,24 +45,21 @@ _DUMPED: dict[type, str] = {
 }
 
 
-async def wait_until(
+def arm_deadline(
     future: asyncio.Future,
     deadline: float,
     timeout_error: Callable[[], Exception],
     withdraw: Callable[[], Any] | None = None,
     warn: tuple[float, Callable[[], Any]] | None = None,
-) -> Any:
-    """Await ``future`` until ``deadline`` (loop time).
+) -> Callable[[], None]:
+    """Fail ``future`` with ``timeout_error()`` at ``deadline`` (loop time) if it
+    is not done; return what disarms it.
 
-    On expiry the future fails with ``timeout_error()``, made before
-    anything is withdrawn so that it can report what was still pending; on
-    expiry or cancellation ``withdraw`` (e.g. un-posting a receive) runs
-    before the future fails. ``warn``: (loop time, callback) called if the
-    wait still goes on then, before the deadline (the hang warning); it
-    shares the deadline's one timer, so it costs nothing more.
+    The error is made before ``withdraw`` (e.g. un-posting a receive) runs, so
+    that it can report what was still pending. ``warn``: (loop time, callback)
+    called if the future is still pending then, before the deadline (the hang
+    warning); it shares the deadline's one timer, so it costs nothing more.
     """
-    if future.done():
-        return future.result()
     loop = asyncio.get_running_loop()
     handle: asyncio.TimerHandle
 
@@ -83,6 +80,21 @@ async def wait_until(
         handle = loop.call_at(warn[0], early)
     else:
         handle = loop.call_at(deadline, expire)
+    return lambda: handle.cancel()
+
+
+async def wait_until(
+    future: asyncio.Future,
+    deadline: float,
+    timeout_error: Callable[[], Exception],
+    withdraw: Callable[[], Any] | None = None,
+    warn: tuple[float, Callable[[], Any]] | None = None,
+) -> Any:
+    """Await ``future`` until ``deadline`` (loop time), as :func:`arm_deadline`
+    arms it; on cancellation too, ``withdraw`` runs."""
+    if future.done():
+        return future.result()
+    disarm = arm_deadline(future, deadline, timeout_error, withdraw, warn)
     try:
         return await future
     except asyncio.CancelledError:
@@ -90,7 +102,7 @@ async def wait_until(
             withdraw()
         raise
     finally:
-        handle.cancel()
+        disarm()
 
 
 class Channel:

@@ -44,7 +44,7 @@ import contextvars
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
-from ..engine.channel import Channel, wait_until
+from ..engine.channel import Channel, arm_deadline, wait_until
 from ..engine.engine import Engine
 from ..engine.progress import Message, Progress, timeout_message
 from ..errors import (
@@ -361,32 +361,14 @@ class Calls:
         warn, as a blocking wait does, once it has waited ``ASYNCDIST_HANG_WARN`` s."""
         if future.done():
             return
-        make_error = self._timeout_error(message)
-        loop = asyncio.get_running_loop()
-        expires = loop.time() + self.timeout
-        warning = self._hang_warning(message)
-        ask = warning[1] if warning is not None and self.engine.flight.hang_warn < self.timeout else None
-        handle: asyncio.TimerHandle
-
-        def expire() -> None:
-            if not future.done():
-                error = make_error()  # before withdrawing: it reports what was pending
-                if withdraw is not None:
-                    withdraw()
-                future.set_exception(error)
-
-        def warn() -> None:  # one timer at a time: the warning's, then the deadline's
-            nonlocal handle
-            assert ask is not None
-            ask()
-            handle = loop.call_at(expires, expire)
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        disarm = arm_deadline(future, deadline, self._timeout_error(message), withdraw, self._hang_warning(message))
 
         def settle(done: asyncio.Future) -> None:
-            handle.cancel()
+            disarm()
             if done.cancelled() and withdraw is not None:  # a cancelled irecv must not take a later message
                 withdraw()
 
-        handle = loop.call_later(self.engine.flight.hang_warn, warn) if ask is not None else loop.call_at(expires, expire)
         future.add_done_callback(settle)
 
     def _timeout_error(self, message: Message) -> Callable[[], Exception]:
