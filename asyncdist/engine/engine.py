@@ -358,10 +358,7 @@ class Engine:
         self._peers_gone = asyncio.get_running_loop().create_future()
         for connection in self._connections.values():
             connection.shutdown_write()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._peers_gone), _CLOSE_LINGER_SECONDS)
-        except asyncio.TimeoutError:
-            pass  # those left are closed now, as before
+        await asyncio.wait((self._peers_gone,), timeout=_CLOSE_LINGER_SECONDS)  # those left are closed then
 
     async def close(self) -> None:
         """Say goodbye to every peer, flush what was sent, close every socket.
@@ -386,9 +383,9 @@ class Engine:
                 continue
             drains.append(connection.drain())
         if drains:
-            try:
-                await asyncio.wait_for(asyncio.gather(*drains, return_exceptions=True), _CLOSE_DRAIN_SECONDS)
-            except asyncio.TimeoutError:
+            drained = asyncio.gather(*drains, return_exceptions=True)
+            if not (await asyncio.wait((drained,), timeout=_CLOSE_DRAIN_SECONDS))[0]:
+                drained.cancel()
                 log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
         await self._linger()
         await self.flight.close()

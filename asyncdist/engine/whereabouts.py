@@ -115,9 +115,7 @@ class Whereabouts:
         self._questions[qid] = (waiting, answers, future)
         try:
             if waiting:
-                await asyncio.wait_for(asyncio.shield(future), _ANSWER_SECONDS)
-        except asyncio.TimeoutError:
-            pass
+                await asyncio.wait((future,), timeout=_ANSWER_SECONDS)
         finally:
             self._questions.pop(qid, None)
 

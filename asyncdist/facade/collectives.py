@@ -348,15 +348,21 @@ def barrier(
 async def _within(coro: Coroutine[Any, Any, Any], seconds: float, what: str) -> Any:
     """Await ``coro``, cancelling it after ``seconds`` with OperationTimeoutError.
 
-    ``wait_for``, not ``asyncio.timeout``: a blocking call runs without a
-    Task (:mod:`asyncdist.loop.turns`), and ``timeout`` needs one.
+    ``coro`` runs as a Task of its own, watched by ``asyncio.wait``: a
+    blocking call runs without a Task (:mod:`asyncdist.loop.turns`), and
+    ``asyncio.timeout`` needs one, as ``wait_for`` does from Python 3.12.
     """
+    task = asyncio.ensure_future(coro)
     try:
-        return await asyncio.wait_for(coro, seconds)
-    except TimeoutError as exc:
-        if isinstance(exc, OperationTimeoutError):
-            raise
-        raise OperationTimeoutError(f"{what} Timed out after {seconds:g} s (its timeout argument)") from None
+        done, _ = await asyncio.wait((task,), timeout=seconds)
+    except BaseException:  # cancelled from outside: so is the call
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait((task,))
+        raise OperationTimeoutError(f"{what} Timed out after {seconds:g} s (its timeout argument)")
+    return task.result()
 
 
 def monitored_barrier(group: Group = None, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:

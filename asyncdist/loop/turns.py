@@ -18,7 +18,9 @@ timer and callback is still run by the loop's own iteration, in its order.
 Each step runs in a copy of the caller's context, as a Task's does, so
 context variables set by the operation stay with it. There is no Task:
 ``asyncio.current_task()`` is None in the coroutine, so the await API keeps
-``asyncio.timeout`` and ``TaskGroup`` out of what the facade runs.
+``asyncio.timeout``, ``TaskGroup`` and (built on ``asyncio.timeout`` from
+Python 3.12) ``asyncio.wait_for`` out of what the facade runs: it waits
+with ``asyncio.wait(..., timeout=)``, which needs no Task.
 
 Unlike ``run_forever``, a Driver does not install the loop's async
 generator hooks while it runs (swapping them in and out costs 1.5-3 us per
