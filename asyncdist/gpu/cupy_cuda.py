@@ -59,6 +59,7 @@ class CupyAdapter:
     """:class:`~asyncdist.gpu.device.DeviceAdapter` for ``cupy.ndarray``."""
 
     name = "cupy"
+    thread_waits = True
 
     def __init__(self) -> None:
         cupy = cupy_or_none()
@@ -95,7 +96,10 @@ class CupyAdapter:
             return self._cupy.cuda.Stream(non_blocking=True)
 
     def record_event(self, stream: Any) -> Any:
-        with self._cupy.cuda.Device(stream.device_id):
+        # The null stream (CuPy's default current stream) belongs to no device
+        # (device_id -1): it is the current device's.
+        device = stream.device_id if stream.device_id >= 0 else self._cupy.cuda.runtime.getDevice()
+        with self._cupy.cuda.Device(device):
             event = self._cupy.cuda.Event(disable_timing=True)
             event.record(stream)
         return event
@@ -105,6 +109,9 @@ class CupyAdapter:
 
     def query(self, event: Any) -> bool:
         return event.done
+
+    def synchronize(self, event: Any) -> None:
+        event.synchronize()  # releases the GIL
 
     def capture(self) -> dict:
         cuda = self._cupy.cuda

@@ -46,10 +46,14 @@ class DeviceAdapter(Protocol):
 
     Thread affinity: every method may be called from any thread; asyncdist
     calls them from its event loop's thread, except :meth:`capture`, which
-    runs on the thread of a blocking facade call.
+    runs on the thread of a blocking facade call, and :meth:`synchronize`,
+    which runs on a worker thread.
     """
 
     name: str
+    #: Whether :meth:`synchronize` may block a worker thread (it releases the
+    #: GIL while it waits); else events are only polled (the fake device).
+    thread_waits: bool
 
     # -- describing arrays ---------------------------------------------------
     def device_of(self, array: Any) -> Hashable:
@@ -72,6 +76,8 @@ class DeviceAdapter(Protocol):
         """Make work queued on ``stream`` from now on wait for ``event`` (no host wait)."""
     def query(self, event: Any) -> bool:
         """Whether ``event`` is complete; never blocks."""
+    def synchronize(self, event: Any) -> None:
+        """Block the calling thread until ``event`` is complete."""
     def capture(self) -> dict[tuple[DeviceAdapter, Hashable], Any]:
         """The calling thread's current streams, ``{(self, device): stream}``."""
 

@@ -29,6 +29,7 @@ class TorchCudaAdapter:
     """:class:`~asyncdist.gpu.device.DeviceAdapter` for ``torch.Tensor`` on CUDA."""
 
     name = "torch"
+    thread_waits = True
 
     def __init__(self) -> None:
         torch = torch_or_none()
@@ -72,6 +73,9 @@ class TorchCudaAdapter:
 
     def query(self, event: Any) -> bool:
         return event.query()
+
+    def synchronize(self, event: Any) -> None:
+        event.synchronize()  # releases the GIL
 
     def capture(self) -> dict:
         cuda = self._torch.cuda

@@ -24,6 +24,7 @@ class FakeAdapter:
     """The DeviceAdapter of fake devices. ``pinned_allocations`` counts pinnings."""
 
     name = "fake"
+    thread_waits = False  # its streams run when queried, on the loop thread: no worker may touch them
 
     def __init__(self) -> None:
         self.pinned_allocations = 0
@@ -64,6 +65,10 @@ class FakeAdapter:
 
     def query(self, event: FakeEvent) -> bool:
         return event.done or event.stream is None or event.stream.device.query(event)
+
+    def synchronize(self, event: FakeEvent) -> None:
+        if not self.query(event):  # querying runs the queued work: only a stream that waits stays behind
+            raise RuntimeError("fake device: the event waits for work that is never queued")
 
     def capture(self) -> dict:
         return {(self, device): device.current_stream() for device in live_devices()}

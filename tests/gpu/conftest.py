@@ -110,6 +110,15 @@ class TorchRank(Rank):
         return self.put(np.repeat(np.asarray(values), 2))[::2]
 
 
+#: A kernel that spins for a number of GPU clock cycles (CuPy has no ``_sleep``).
+_SPIN_KERNEL = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
 class CupyRank(Rank):
     kind = "cupy"
 
@@ -131,7 +140,8 @@ class CupyRank(Rank):
         return self.cupy.asnumpy(array)
 
     def busy(self) -> None:
-        pytest.skip("no spin kernel at hand for CuPy")
+        with self.cupy.cuda.Device(self.device):
+            self.cupy.RawKernel(_SPIN_KERNEL, "spin")((1,), (1,), (np.int64(50_000_000),))  # as torch.cuda._sleep
 
     def new_stream(self) -> Any:
         with self.cupy.cuda.Device(self.device):
