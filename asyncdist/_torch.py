@@ -19,14 +19,14 @@ from __future__ import annotations
 import functools
 import sys
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Iterable, TypeGuard
 
 from .errors import adopt_torch_bases
 
 if TYPE_CHECKING:  # for the checker only: importing this module never imports torch
     import torch
 
-__all__ = ["torch_or_none", "is_torch_tensor"]
+__all__ = ["torch_or_none", "is_torch_tensor", "torch_future"]
 
 
 @functools.cache
@@ -57,3 +57,17 @@ def is_torch_tensor(obj: Any) -> TypeGuard[torch.Tensor]:
     # getattr: torch may be half-imported (an import in progress on another thread).
     tensor_type = getattr(module, "Tensor", None)
     return tensor_type is not None and isinstance(obj, tensor_type)
+
+
+def torch_future(torch: ModuleType, values: Iterable[Any]) -> Any:
+    """A ``torch.futures.Future`` that may carry ``values``.
+
+    torch refuses to complete a future with CUDA tensors unless it was made
+    with their devices; made so, completing it records an event on each
+    device's current stream, and its ``wait()`` and ``.then()`` callbacks
+    order the waiting stream after that event (torch's rule for device
+    results). The completing thread's current stream must therefore already
+    be ordered after the result.
+    """
+    devices = sorted({str(v.device) for v in values if is_torch_tensor(v) and v.is_cuda})
+    return torch.futures.Future(devices=devices) if devices else torch.futures.Future()

@@ -25,7 +25,7 @@ import threading
 from datetime import timedelta
 from typing import Any, Callable, Coroutine, Generator
 
-from .._torch import torch_or_none
+from .._torch import torch_future, torch_or_none
 from ..errors import OperationTimeoutError, WrongThreadError
 from ..timeouts import as_seconds
 from ..gpu.callers import after_wait
@@ -243,13 +243,14 @@ class Work:
         ``.wait()`` work as in torch), else a ``concurrent.futures.Future``.
         """
         torch = torch_or_none()
-        target = torch.futures.Future() if torch is not None else concurrent.futures.Future()
+        target = torch_future(torch, self._outputs) if torch is not None else concurrent.futures.Future()
 
         def transfer(future: asyncio.Future) -> None:
             error = self.exception()
             if error is not None:
                 target.set_exception(error)
             else:
+                after_wait(future)  # device results: the future's events follow them
                 target.set_result(list(self._outputs))
 
         if self._future.done():

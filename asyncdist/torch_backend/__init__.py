@@ -43,10 +43,11 @@ def register() -> None:
     """Register the ``"asyncdist"`` backend with torch (idempotent; done on import).
 
     ``extended_api=True`` makes torch pass the group's name and global ranks,
-    which go into asyncdist's error messages. The backend serves CPU tensors.
+    which go into asyncdist's error messages. The backend serves CPU tensors,
+    and CUDA tensors through pinned staging (``docs/gpu.md``).
     """
     if BACKEND_NAME.upper() not in tdist.Backend._plugins:
-        tdist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu"])
+        tdist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu", "cuda"])
     install()  # torch.distributed.shrink_group on an asyncdist group
 
 

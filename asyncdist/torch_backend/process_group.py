@@ -309,13 +309,13 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
 
     def _get_backend(self, device: Any) -> Any:  # torch's stub says Backend: see .shrinking
         """torch's lookup of a group's device backend: this group is its own,
-        for CPU (torch's ``shrink_group`` asks; see :mod:`.shrinking`).
+        for CPU and CUDA (torch's ``shrink_group`` asks; see :mod:`.shrinking`).
 
         Raises:
             InvalidArgumentError: another device type.
         """
-        if getattr(device, "type", device) != "cpu":
-            raise InvalidArgumentError(f"the asyncdist backend serves CPU tensors, not {device}")
+        if str(getattr(device, "type", device)).split(":")[0] not in ("cpu", "cuda"):
+            raise InvalidArgumentError(f"the asyncdist backend serves CPU and CUDA tensors, not {device}")
         return self
 
     @property

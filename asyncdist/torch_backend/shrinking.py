@@ -31,9 +31,9 @@ __all__ = ["install"]
 
 def install() -> None:
     """Let torch's ``shrink_group`` take a Python ProcessGroup from a backend's
-    ``shrink`` as the new group (idempotent)."""
-    create: Callable[..., Any] = c10d._create_shrunk_process_group
-    if getattr(create, "__asyncdist__", False):
+    ``shrink`` as the new group (idempotent; nothing on a torch without ``shrink_group``)."""
+    create: Callable[..., Any] | None = getattr(c10d, "_create_shrunk_process_group", None)
+    if create is None or getattr(create, "__asyncdist__", False):
         return
 
     @functools.wraps(create)

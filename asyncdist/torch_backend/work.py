@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from .._torch import torch_future
 from ..group.work import Work
 
 __all__ = ["TorchWork", "COMPLETIONS"]
@@ -67,7 +68,7 @@ class TorchWork(tdist.Work):
         super().__init__()
         self._work = work
         self._outputs = outputs
-        self._future = _future_of(work)
+        self._future = _future_of(work, outputs)
 
     def __repr__(self) -> str:
         return f"<TorchWork {self._work!r}>"
@@ -119,18 +120,21 @@ class TorchWork(tdist.Work):
     _source_rank = source_rank  # what torch's recv() calls
 
     def synchronize(self) -> None:
-        """Nothing to do: CPU tensors are complete once the operation is."""
+        """Make the current stream wait for the operation's CUDA results (waiting
+        for the operation on the host first); nothing for CPU tensors."""
+        if any(getattr(tensor, "is_cuda", False) for tensor in self._outputs):
+            self._work.wait()
 
 
-def _future_of(work: Work) -> torch.futures.Future[Any]:
+def _future_of(work: Work, outputs: list) -> torch.futures.Future[Any]:
     """A torch future of ``work``, completed on a thread of COMPLETIONS (call on the loop thread)."""
     on_loop = work.get_future()  # completed by the operation's done-callback, on the loop thread
-    handed: torch.futures.Future[Any] = torch.futures.Future()
+    handed: torch.futures.Future[Any] = torch_future(torch, outputs)
 
     def settle() -> None:
         try:
-            handed.set_result(on_loop.value())
-        except Exception as exc:  # the operation's error, raised by value()
+            handed.set_result(on_loop.wait())  # wait(): this thread's streams follow device results
+        except Exception as exc:  # the operation's error, raised by wait()
             handed.set_result(exc)  # _raise_error turns it into a failure
 
     on_loop.add_done_callback(lambda _: COMPLETIONS.submit(settle))
