@@ -27,7 +27,7 @@ import math
 import os
 from typing import Any, Callable
 
-__all__ = ["LAYERS", "BATCH", "mlp_width", "mlp_params", "build_step", "describe"]
+__all__ = ["LAYERS", "BATCH", "mlp_width", "mlp_params", "build_step", "describe", "TrainingStep"]
 
 #: Linear layers in the MLP ("a few", so that DDP has several buckets' worth of layers).
 LAYERS = 4
@@ -56,7 +56,7 @@ def describe(params: int) -> str:
             f"batch {BATCH} per rank, SGD")
 
 
-def build_step(dist: Any, point: Any) -> list[Callable[[], Any]]:
+def build_step(dist: Any, point: Any, device: Any = "cpu") -> list[Callable[[], Any]]:
     """One DDP training step as the row's single call (rank process; imports torch).
 
     Args:
@@ -64,6 +64,11 @@ def build_step(dist: Any, point: Any) -> list[Callable[[], Any]]:
             (gloo, or the ``"asyncdist"`` backend).
         point: the row's :class:`~asyncdist.bench.cases.Point`; ``count`` is
             the model's parameter count, ``rank`` seeds this rank's batch.
+        device: where the model and the batch live (``cuda`` in
+            :mod:`asyncdist.bench.cuda_staging`).
+
+    Returns:
+        One :class:`TrainingStep`.
     """
     import torch
     from torch import nn
@@ -77,16 +82,21 @@ def build_step(dist: Any, point: Any) -> list[Callable[[], Any]]:
     layers: list[nn.Module] = []
     for index in range(LAYERS):
         layers += [nn.Linear(width, width)] + ([nn.ReLU()] if index < LAYERS - 1 else [])
-    model = DistributedDataParallel(nn.Sequential(*layers))
+    model = DistributedDataParallel(nn.Sequential(*layers).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(1 + point.rank)
-    inputs = torch.randn(BATCH, width, generator=generator)
-    targets = torch.randn(BATCH, width, generator=generator)
+    inputs = torch.randn(BATCH, width, generator=generator).to(device)
+    targets = torch.randn(BATCH, width, generator=generator).to(device)
+    return [TrainingStep(model, optimizer, inputs, targets, nn.functional.mse_loss)]
 
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=False)
-        loss = nn.functional.mse_loss(model(inputs), targets)
-        loss.backward()  # DDP all-reduces the gradients here, bucket by bucket
-        optimizer.step()
 
-    return [step]
+class TrainingStep:
+    """One DDP training step, as a call; ``model`` is the DDP-wrapped model (for checks)."""
+
+    def __init__(self, model: Any, optimizer: Any, inputs: Any, targets: Any, loss: Callable[[Any, Any], Any]) -> None:
+        self.model, self._optimizer, self._inputs, self._targets, self._loss = model, optimizer, inputs, targets, loss
+
+    def __call__(self) -> None:
+        self._optimizer.zero_grad(set_to_none=False)
+        self._loss(self.model(self._inputs), self._targets).backward()  # DDP all-reduces the gradients here
+        self._optimizer.step()
