@@ -17,12 +17,18 @@ Cost: this runs for every operation, and inside a real call every Python
 statement costs several times what it does in a tight loop, so each state
 change is one step: a record is a plain list (an :data:`Entry`) made by one
 list display and stored in a preallocated ring slot; its fields are read by
-the index constants below (``entry[ENDED_AT]``). A start or an end stores
-its time and nothing else (the state is derived from the times and the
-error, :func:`state_of`), and the operations are counted by description
-(``ops``, for ``stats()``) in batches (:meth:`Recorder.fold`), not as each
-ends. No formatting, no parsing, two clock reads per call (posted is the
-loop time the call's deadline is computed from). The figure is in docs/benchmarks.md ("Flight recorder cost").
+the index constants below (``entry[ENDED_AT]``). A start stores its time and
+nothing else; an end stores its time and counts the operation (``ops``, for
+``stats()``) into its description's counter, which the record holds since it
+was opened (:data:`STAT`): found by one string comparison with the last
+operation's description, a dictionary lookup only when the call changes.
+The state is derived from the times and the error (:func:`state_of`). A
+record of the same call as the last one holds the last one's description
+string, so the ring holds one string, not one per record (each would be freed,
+out of cache, when the ring overwrites its record). No formatting, no parsing,
+no batch work, two clock reads per call (posted is the loop time the call's
+deadline is computed from). The figure is in docs/benchmarks.md ("Flight
+recorder cost").
 
 Loop thread only, except :meth:`Recorder.entries`, which takes a snapshot.
 """
@@ -129,7 +135,7 @@ class Recorder:
         self.lost: dict[int, str] = {}
         #: what each peer last answered a hang question (global rank -> its answer, with "asked" in loop time)
         self.heard: dict[int, dict[str, Any]] = {}
-        #: context -> description -> [count, seconds] of the operations that ended (as of the last fold)
+        #: context -> description -> [count, seconds] of the operations that ended
         self.ops = {} if ops is None else ops
         # the counter of the last operation's context and description: the next is most often the same call
         self._ctx, self._desc, self._stat = -1, "", [0, 0.0]
