@@ -32,7 +32,7 @@ from ..errors import (
 )
 from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
-from .recorder import CLOCK, ENDED_AT, STARTED_AT, STEP, Entry
+from .recorder import CLOCK, ENDED_AT, POSTED_AT, STARTED_AT, STAT, STEP, Entry
 from ..wire.frames import Header, Kind
 
 __all__ = ["Channel", "arm_deadline", "wait_until"]
@@ -280,8 +280,11 @@ class Channel:
             self._close_record(failed)
             raise failed
         if entry is not None:  # completed: as Recorder.close, without a call (the hot path)
-            entry[ENDED_AT] = CLOCK()
+            entry[ENDED_AT] = ended = CLOCK()
             entry[STEP] = None
+            stat = entry[STAT]
+            stat[0] += 1
+            stat[1] += ended - entry[POSTED_AT]
         return result
 
     def _close_record(self, error: AsyncDistError | None) -> None:

@@ -4,9 +4,9 @@
 prints them per row. Per-peer traffic is counted where every message passes
 (the engine's send, each connection's inbox): two list increments, no
 allocation. Operations and the time spent in them are counted by the flight
-recorder from its ring, in batches of the operations ended since the last
-(:meth:`~asyncdist.engine.recorder.Recorder.fold`, which ``stats()`` runs
-before reading them), so they need the recorder on (``ASYNCDIST_TRACE_BUFFER`` > 0).
+recorder as each ends, into the counter of its description that its record
+holds (:data:`~asyncdist.engine.recorder.STAT`), so they need the recorder on
+(``ASYNCDIST_TRACE_BUFFER`` > 0).
 
 Loop thread only (a reader on another thread gets a moment-stale copy).
 """
@@ -27,7 +27,8 @@ class Counters:
         sent_bytes, sent_messages, received_bytes, received_messages: per
             global rank (payload bytes; messages with or without payload).
         ops: context -> description -> [count, seconds from posted to ended]
-            (filled by the recorder's folds).
+            (filled by the recorder; a reset zeroes the counters in place, as
+            records of operations still open hold them).
     """
 
     __slots__ = ("sent_bytes", "sent_messages", "received_bytes", "received_messages", "ops")
@@ -53,7 +54,9 @@ class Counters:
         """Start counting from zero."""
         for counts in (self.sent_bytes, self.sent_messages, self.received_bytes, self.received_messages):
             counts[:] = [0] * len(counts)
-        self.ops.clear()
+        for stats in self.ops.values():
+            for stat in stats.values():
+                stat[:] = [0, 0.0]
 
     def snapshot(
         self, peers: Iterable[int], contexts: Iterable[int], same_host: Callable[[int], bool]
@@ -78,6 +81,8 @@ class Counters:
         ops: dict[str, dict[str, Any]] = {}
         for ctx in contexts:
             for desc, (count, seconds) in list(self.ops.get(ctx, {}).items()):
+                if not count:  # none since the last reset
+                    continue
                 stat = ops.setdefault(parse(desc).op, {"count": 0, "seconds": 0.0})
                 stat["count"] += count
                 stat["seconds"] += seconds

@@ -17,12 +17,18 @@ Cost: this runs for every operation, and inside a real call every Python
 statement costs several times what it does in a tight loop, so each state
 change is one step: a record is a plain list (an :data:`Entry`) made by one
 list display and stored in a preallocated ring slot; its fields are read by
-the index constants below (``entry[ENDED_AT]``). A start or an end stores
-its time and nothing else (the state is derived from the times and the
-error, :func:`state_of`), and the operations are counted by description
-(``ops``, for ``stats()``) in batches (:meth:`Recorder.fold`), not as each
-ends. No formatting, no parsing, two clock reads per call (posted is the
-loop time the call's deadline is computed from). The figure is in docs/benchmarks.md ("Flight recorder cost").
+the index constants below (``entry[ENDED_AT]``). A start stores its time and
+nothing else; an end stores its time and counts the operation (``ops``, for
+``stats()``) into its description's counter, which the record holds since it
+was opened (:data:`STAT`): found by one string comparison with the last
+operation's description, a dictionary lookup only when the call changes.
+The state is derived from the times and the error (:func:`state_of`). A
+record of the same call as the last one holds the last one's description
+string, so the ring holds one string, not one per record (each would be freed,
+out of cache, when the ring overwrites its record). No formatting, no parsing,
+no batch work, two clock reads per call (posted is the loop time the call's
+deadline is computed from). The figure is in docs/benchmarks.md ("Flight
+recorder cost").
 
 Loop thread only, except :meth:`Recorder.entries`, which takes a snapshot.
 """
@@ -31,9 +37,7 @@ from __future__ import annotations
 
 import os
 import time
-from itertools import compress, groupby
-from operator import itemgetter, not_
-from typing import Any, List, cast
+from typing import Any, List
 
 from ..errors import InvalidArgumentError
 
@@ -48,9 +52,6 @@ CLOCK = time.monotonic
 DEFAULT_CAPACITY = 2000
 
 POSTED, STARTED, COMPLETED, FAILED = "posted", "started", "completed", "failed"
-#: Ended operations are counted every this many operations (see :meth:`Recorder.fold`).
-_FOLD_EVERY = 64
-
 #: One recorded operation: a list whose fields are at these indices.
 Entry = List[Any]
 #: The fields of an :data:`Entry`, in order, as a dump names them:
@@ -65,7 +66,9 @@ FIELDS = ("serial", "kind", "ctx", "group", "seq", "desc", "peers", "step", "dty
           "posted", "started", "ended", "error", "awaited")
 (SERIAL, KIND, CTX, GROUP, SEQ, DESC, PEERS, STEP, DTYPE, SHAPE, NBYTES,
  POSTED_AT, STARTED_AT, ENDED_AT, ERROR, AWAITED) = range(len(FIELDS))  # fmt: skip
-_ENDED, _POSTED, _CTX, _DESC = itemgetter(ENDED_AT), itemgetter(POSTED_AT), itemgetter(CTX), itemgetter(DESC)
+#: Past the dumped fields, an entry holds its description's counter in ``ops``
+#: ([count, seconds]), which counts the operation as it ends.
+STAT = len(FIELDS)
 
 
 def state_of(entry: Entry) -> str:
@@ -119,25 +122,23 @@ class Recorder:
         ops: where ended operations are counted (:class:`~asyncdist.engine.counters.Counters`' ``ops``).
     """
 
-    __slots__ = ("rank", "capacity", "_ring", "_count", "_folded", "_fold_at", "_waiting", "clock", "lost", "heard",
-                 "ops")
+    __slots__ = ("rank", "capacity", "_ring", "_count", "_ctx", "_desc", "_stat", "clock", "lost", "heard", "ops")
 
     def __init__(self, rank: int, capacity: int, ops: dict[int, dict[str, list]] | None = None) -> None:
         self.rank = rank
         self.capacity = capacity
         self._ring: list[Entry | None] = [None] * capacity
         self._count = 0  # operations recorded so far
-        self._folded = 0  # the serials below are counted in ops, or waiting to end
-        self._fold_at = min(_FOLD_EVERY, capacity)  # the count at which open() folds next
-        self._waiting: list[Entry] = []  # passed by a fold while open: counted by a later fold
         #: the clock of every time in the record (the loop's: time.monotonic)
         self.clock = CLOCK
         #: peers lost, global rank -> why (as the engine learned it)
         self.lost: dict[int, str] = {}
         #: what each peer last answered a hang question (global rank -> its answer, with "asked" in loop time)
         self.heard: dict[int, dict[str, Any]] = {}
-        #: context -> description -> [count, seconds] of the operations that ended (as of the last fold)
+        #: context -> description -> [count, seconds] of the operations that ended
         self.ops = {} if ops is None else ops
+        # the counter of the last operation's context and description: the next is most often the same call
+        self._ctx, self._desc, self._stat = -1, "", [0, 0.0]
 
     def open(
         self, kind: str, ctx: int, group: str, seq: int, desc: str, peers: tuple[int, ...], step: Any,
@@ -152,55 +153,33 @@ class Recorder:
         if not capacity:
             return None
         count = self._count
-        if count >= self._fold_at:
-            self.fold()  # before the ring overwrites an operation not counted yet
         self._count = count + 1
-        entry = [count, kind, ctx, group, seq, desc, peers, step, None, None, nbytes,
-                 posted, started, None, None, None]  # fmt: skip
+        if desc != self._desc or ctx != self._ctx:  # not the same call as the last one
+            self._stat = self._stat_of(ctx, desc)
+        # The last one's equal description: the ring then holds one string, not one per record to free when overwritten
+        entry = [count, kind, ctx, group, seq, self._desc, peers, step, None, None, nbytes,
+                 posted, started, None, None, None, self._stat]  # fmt: skip
         self._ring[count % capacity] = entry
         return entry
+
+    def _stat_of(self, ctx: int, desc: str) -> list:
+        """The ``ops`` counter of ``desc`` in context ``ctx`` (made at its first
+        operation): where the operation is counted as it ends."""
+        self._ctx, self._desc = ctx, desc
+        return self.ops.setdefault(ctx, {}).setdefault(desc, [0, 0.0])
 
     @staticmethod
     def close(entry: Entry, error: BaseException | None = None) -> None:
         """Mark ``entry`` completed, or failed with ``error`` (loop thread; a
         collective's channel ends a completed call's entry itself, the same way:
         the end time, and the step let go)."""
-        entry[ENDED_AT] = CLOCK()
+        entry[ENDED_AT] = ended = CLOCK()
         entry[STEP] = None
+        stat = entry[STAT]
+        stat[0] += 1
+        stat[1] += ended - entry[POSTED_AT]
         if error is not None:
             entry[ERROR] = f"{type(error).__name__}: {error}"
-
-    def fold(self) -> None:
-        """Count the operations that ended since the last fold in ``ops`` (loop thread).
-
-        Counting each operation as it ended cost more inside a real call than
-        the rest of the recorder's work together; a batch is counted mostly in
-        C (runs of equal descriptions at once). :meth:`open` folds every
-        ``_FOLD_EVERY`` operations (or ``capacity``, if fewer), before the ring
-        overwrites one not counted; read the counters after a fold
-        (``stats()`` does). An operation still open when a fold passes it
-        waits for a later fold.
-        """
-        ring, capacity, count = self._ring, self.capacity, self._count
-        fresh = min(count - self._folded, capacity)  # the ring still holds them all
-        first = (count - fresh) % capacity if capacity else 0
-        wrapped = max(0, first + fresh - capacity)  # those past the ring's end, at its start
-        batch = self._waiting + cast(List[Entry], ring[first : first + fresh] + ring[:wrapped])
-        self._folded, self._fold_at = count, count + min(_FOLD_EVERY, capacity)
-        ended = list(map(_ENDED, batch))  # a time (true) or None: monotonic times are > 0
-        if all(ended):
-            self._waiting = []
-        else:
-            self._waiting = list(compress(batch, map(not_, ended)))
-            batch = list(compress(batch, ended))
-        for desc, run in groupby(batch, _DESC):  # mostly one run: a loop calls the same collective
-            entries = list(run)
-            contexts = set(map(_CTX, entries))
-            for ctx in contexts:  # more than one: groups that make the same call, in turn
-                same = entries if len(contexts) == 1 else [entry for entry in entries if entry[CTX] == ctx]
-                stat = self.ops.setdefault(ctx, {}).setdefault(desc, [0, 0.0])
-                stat[0] += len(same)
-                stat[1] += sum(map(_ENDED, same)) - sum(map(_POSTED, same))
 
     def freeze(self) -> None:
         """A failure happens now: note what each open operation waits on, before

@@ -35,10 +35,7 @@ def stats(calls: Calls, *, reset: bool = False) -> dict[str, Any]:
     engine = calls.engine
     peers = [rank for rank in calls.members.ranks if rank != engine.rank]
     contexts = (calls.p2p_context, calls.collective_context)
-    engine.flight.recorder.fold()  # count the operations ended since the recorder last did
-    snapshot = engine.flight.counters.snapshot(
-        peers, contexts, engine.same_host
-    )
+    snapshot = engine.flight.counters.snapshot(peers, contexts, engine.same_host)
     if reset:
         engine.flight.counters.reset()
     return snapshot

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncdist.engine.counters import Counters
 from asyncdist.engine.descriptions import Described, parse, short
 from asyncdist.engine.recorder import (
     DESC, ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, STARTED_AT, Recorder, as_dict, capacity_from_env, state_of,
@@ -39,31 +40,29 @@ def test_an_open_operation_keeps_its_record_when_the_ring_wraps_over_it() -> Non
     assert [e[SEQ] for e in recorder.entries()] == [2, 3]
 
 
-def test_operations_are_counted_by_description_once_folded() -> None:
+def test_operations_are_counted_by_description_as_they_end() -> None:
     recorder = Recorder(rank=0, capacity=3)
-    for seq in range(4):
-        recorder.close(_record(recorder, seq))
-    recorder.fold()
+    entries = [_record(recorder, seq) for seq in range(4)]
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"] == [0, 0.0]  # none ended yet
+    for entry in entries:
+        recorder.close(entry)
     assert list(recorder.ops) == [1]
     (count, seconds), = recorder.ops[1].values()
-    assert count == 4 and seconds > 0
+    assert count == 4 and seconds == pytest.approx(sum(e[ENDED_AT] - e[POSTED_AT] for e in entries), abs=1e-9)
 
 
-def test_an_operation_open_when_a_fold_passes_it_is_counted_by_a_later_fold() -> None:
+def test_an_operation_the_ring_wrapped_over_while_open_is_counted_when_it_ends() -> None:
     recorder = Recorder(rank=0, capacity=4)
     first = _record(recorder, 0, "barrier")
     entries = []
-    for seq in range(1, 10):  # the ring wraps over the open one; open() folds before each wrap
+    for seq in range(1, 10):  # the ring wraps over the open one
         desc = "broadcast(src=0, int8[2])" if seq % 3 == 0 else "all_reduce(sum, float32[4])"
         entries.append(_record(recorder, seq, desc))
         recorder.close(entries[-1])
-    recorder.fold()
     assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
     assert recorder.ops[1]["broadcast(src=0, int8[2])"][0] == 3
-    assert "barrier" not in recorder.ops[1]
+    assert recorder.ops[1]["barrier"][0] == 0
     recorder.close(first)
-    recorder.fold()
-    recorder.fold()  # counted once only
     assert recorder.ops[1]["barrier"][0] == 1 and recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
     seconds = sum(e[ENDED_AT] - e[POSTED_AT] for e in entries if e[DESC].startswith("all_reduce"))
     assert recorder.ops[1]["all_reduce(sum, float32[4])"][1] == pytest.approx(seconds, abs=1e-9)
@@ -76,7 +75,6 @@ def test_groups_that_make_the_same_call_in_turn_are_counted_apart() -> None:
             entry = recorder.open("collective", ctx, f"g{ctx}", seq, "barrier", (0, 1), None, recorder.clock())
             assert entry is not None
             recorder.close(entry)
-    recorder.fold()
     assert (recorder.ops[1]["barrier"][0], recorder.ops[3]["barrier"][0]) == (5, 10)
 
 
@@ -141,3 +139,17 @@ def test_the_state_is_derived_from_the_times_and_the_error() -> None:
     failed = _record(recorder, 2)
     recorder.close(failed, InvalidArgumentError("bad"))
     assert (as_dict(failed)["state"], as_dict(failed)["error"]) == ("failed", "InvalidArgumentError: bad")
+
+
+def test_a_reset_zeroes_the_counts_and_an_operation_open_across_it_counts_after() -> None:
+    counters = Counters(world_size=2)
+    recorder = Recorder(rank=0, capacity=4, ops=counters.ops)
+    recorder.close(_record(recorder, 1))
+    still_open = _record(recorder, 2)
+    counters.reset()
+    assert counters.snapshot([1], [1], lambda rank: True)["ops"] == {}
+    recorder.close(still_open)
+    recorder.close(_record(recorder, 3, "barrier"))
+    ops = counters.snapshot([1], [1], lambda rank: True)["ops"]
+    assert {op: stat["count"] for op, stat in ops.items()} == {"all_reduce": 1, "barrier": 1}
+    assert ops["all_reduce"]["seconds"] == pytest.approx(still_open[ENDED_AT] - still_open[POSTED_AT], abs=1e-9)
