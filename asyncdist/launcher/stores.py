@@ -253,6 +253,8 @@ def open_stores(cfg: LaunchConfig, secret: str | None, kind: str) -> JobStores:
             :data:`JOIN_TIMEOUT`.
     """
     if kind == "asyncdist":
+        if cfg.node_rank != 0:  # says that it waits for node 0, as with torch's store
+            _wait_for_listener(cfg.master_addr, cfg.master_port, JOIN_TIMEOUT.total_seconds())
         store = _asyncdist_store(cfg, cfg.master_port, secret, "the job's store")
         return JobStores(cfg, kind, store, store.port)
     torch_store: TorchStore | None = None

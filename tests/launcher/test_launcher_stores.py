@@ -234,3 +234,18 @@ def test_a_launcher_waiting_for_node_0_says_so(monkeypatch: pytest.MonkeyPatch, 
     assert len(lines) >= 2, lines
     assert lines[0].startswith(f"asyncdist-run: waiting for node 0's store at 127.0.0.1:{port}: "), lines
     assert "Connection refused; retrying (" in lines[0] and "so far; timeout in" in lines[0], lines
+
+
+def test_a_launcher_without_torch_waiting_for_node_0_says_so_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """With asyncdist's store as the agent store (no torch), a node other than 0 said
+    nothing until node 0 came up or the join timed out."""
+    monkeypatch.setenv("ASYNCDIST_INIT_REPORT_EVERY", "0.3")
+    monkeypatch.setattr(stores_module, "JOIN_TIMEOUT", timedelta(seconds=1.2))
+    port = _free_port()  # nobody listens on it
+    config = _config(nnodes=2, node_rank=1, master_port=port, standalone=False, run_id="j")
+    with pytest.raises(LaunchError, match=f"cannot reach node 0's store at 127.0.0.1:{port} within 1.2 s"):
+        stores_module.open_stores(config, "secret", "asyncdist")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "waiting for node 0" in line]
+    assert len(lines) >= 2 and lines[0].startswith(f"asyncdist-run: waiting for node 0's store at 127.0.0.1:{port}: ")
