@@ -44,7 +44,7 @@ from typing import Any, Callable, Collection, Sequence
 from ..testing.spawn import spawn
 from .ddp import TrainingStep, build_step
 
-__all__ = ["main", "PATHS", "OPS"]
+__all__ = ["main", "median_seconds", "PATHS", "OPS"]
 
 #: path -> (library, backend name)
 PATHS = {"asyncdist": ("asyncdist", "gloo"), "gloo": ("torch", "gloo"), "asyncdist-torch": ("torch", "asyncdist"),
@@ -102,6 +102,24 @@ def _call_and_check(d: Any, op: str, nbytes: int, rank: int, n: int, device: Any
     return (lambda: d.all_gather(outputs, x)), count * 4 * n
 
 
+def median_seconds(call: Callable[[], Any], sync: Callable[[], Any], warmup: int, iters: int,
+                   before: Callable[[], Any] | None = None) -> float:
+    """Median seconds of ``call(); sync()`` over ``iters``, after ``warmup`` calls
+    and ``before()`` (a barrier, so that every rank starts timing together)."""
+    for _ in range(warmup):
+        call()
+    sync()
+    if before is not None:
+        before()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 class _DdpPoint:
     """What :func:`asyncdist.bench.ddp.build_step` reads of a sweep's point."""
 
@@ -135,17 +153,8 @@ def _rank(path: str, store_file: str, device_kind: str, cases: list[tuple[str, i
     try:
         for op, nbytes in cases:
             call, moved = _call_and_check(d, op, nbytes, rank, n, device)
-            for _ in range(warmup):
-                call()
-            sync()
-            d.barrier()
-            times = []
-            for _ in range(iters):
-                start = time.perf_counter()
-                call()
-                sync()
-                times.append(time.perf_counter() - start)
-            results.append({"op": op, "bytes": nbytes, "moved": moved, "median_s": statistics.median(times)})
+            seconds = median_seconds(call, sync, warmup, iters, before=d.barrier)
+            results.append({"op": op, "bytes": nbytes, "moved": moved, "median_s": seconds})
     finally:
         d.destroy_process_group()
     return results

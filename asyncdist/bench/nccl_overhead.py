@@ -22,26 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
-import time
 from typing import Any, Callable
 
+from .cuda_staging import median_seconds
+
 __all__ = ["main"]
-
-
-def _time(call: Callable[[], Any], sync: Callable[[], Any], warmup: int, iters: int) -> float:
-    """Median seconds of ``call(); sync()``."""
-    for _ in range(warmup):
-        call()
-    sync()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        call()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _cupy_floor(elements: int, warmup: int, iters: int) -> float:
@@ -56,7 +42,7 @@ def _cupy_floor(elements: int, warmup: int, iters: int) -> float:
         comm.allReduce(x.data.ptr, x.data.ptr, elements, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
 
     try:
-        return _time(call, stream.synchronize, warmup, iters)
+        return median_seconds(call, stream.synchronize, warmup, iters)
     finally:
         comm.destroy()
 
@@ -72,7 +58,7 @@ def _asyncdist(array: Any, sync: Callable[[], Any], warmup: int, iters: int, sto
         sync()
         if not bool((array == 1).all()):
             raise AssertionError("asyncdist: a one-rank all_reduce changed its input")
-        return _time(lambda: dist.all_reduce(array), sync, warmup, iters)
+        return median_seconds(lambda: dist.all_reduce(array), sync, warmup, iters)
     finally:
         dist.destroy_process_group()
 
@@ -85,7 +71,7 @@ def _torch_nccl(elements: int, warmup: int, iters: int, store: str) -> float:
                              device_id=torch.device("cuda", 0))
     try:
         tensor = torch.ones(elements, device="cuda")
-        return _time(lambda: tdist.all_reduce(tensor), torch.cuda.synchronize, warmup, iters)
+        return median_seconds(lambda: tdist.all_reduce(tensor), torch.cuda.synchronize, warmup, iters)
     finally:
         tdist.destroy_process_group()
 
