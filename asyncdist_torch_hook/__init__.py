@@ -31,6 +31,8 @@ __all__ = ["register"]
 
 #: torch's name of the backend (asyncdist.torch_backend.process_group.BACKEND_NAME).
 BACKEND_NAME = "asyncdist"
+#: The devices whose tensors the backend serves (CUDA through pinned staging).
+DEVICES = ["cpu", "cuda"]
 
 
 def register() -> None:
@@ -41,7 +43,7 @@ def register() -> None:
         if not tdist.is_available():
             return
         if BACKEND_NAME.upper() not in tdist.Backend._plugins:
-            tdist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"])
+            tdist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=DEVICES)
         errors = sys.modules.get("asyncdist.errors")
         if errors is not None:
             errors.adopt_torch_bases(sys.modules["torch"])

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch.distributed as tdist
 
+from asyncdist_torch_hook import DEVICES
+
 from ..rendezvous.torch_store import TorchStore
 from .backend import create_backend
 from .process_group import BACKEND_NAME, AsyncdistProcessGroup
@@ -47,7 +49,7 @@ def register() -> None:
     and CUDA tensors through pinned staging (``docs/gpu.md``).
     """
     if BACKEND_NAME.upper() not in tdist.Backend._plugins:
-        tdist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu", "cuda"])
+        tdist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=DEVICES)
     install()  # torch.distributed.shrink_group on an asyncdist group
 
 

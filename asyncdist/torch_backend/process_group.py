@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 import torch.distributed as tdist
 
+from asyncdist_torch_hook import DEVICES
+
 from .._profiling import profiled
 from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
@@ -314,7 +316,7 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
         Raises:
             InvalidArgumentError: another device type.
         """
-        if str(getattr(device, "type", device)).split(":")[0] not in ("cpu", "cuda"):
+        if str(getattr(device, "type", device)).split(":")[0] not in DEVICES:
             raise InvalidArgumentError(f"the asyncdist backend serves CPU and CUDA tensors, not {device}")
         return self
 
