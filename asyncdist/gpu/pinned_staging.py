@@ -43,8 +43,7 @@ Loop thread only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from typing import Any, Awaitable, Callable, Hashable, Iterator
+from typing import Any, Awaitable, Callable, Hashable
 
 from ..buffers.host import ITEMSIZES, signature
 from ..errors import AsyncDistError, DeviceError, UnsupportedBufferError
@@ -73,15 +72,25 @@ def side_stream(adapter: DeviceAdapter, device: Hashable, purpose: str) -> Any:
     return stream
 
 
-@contextlib.contextmanager
-def device_errors(what: str) -> Iterator[None]:
-    """Translate the GPU library's exceptions into :class:`DeviceError` (``from`` the original)."""
-    try:
-        yield
-    except AsyncDistError:
-        raise
-    except Exception as exc:  # torch.cuda's RuntimeError, CuPy's CUDARuntimeError / NcclError
-        raise DeviceError(f"{what}: {type(exc).__name__}: {exc}") from exc
+class device_errors:  # noqa: N801 (a context manager, used as one: with device_errors(what))
+    """Translate the GPU library's exceptions into :class:`DeviceError` (``from`` the original).
+
+    A class, not ``contextlib.contextmanager``: a device call enters several
+    of these, and a generator-based one costs several times as much.
+    """
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        # torch.cuda's RuntimeError, CuPy's CUDARuntimeError / NcclError; not ours, not a cancellation
+        if isinstance(exc, Exception) and not isinstance(exc, AsyncDistError):
+            raise DeviceError(f"{self.what}: {type(exc).__name__}: {exc}") from exc
 
 
 class Lane:

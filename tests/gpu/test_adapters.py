@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 
 import numpy as np
@@ -65,6 +66,11 @@ def test_library_errors_become_device_errors():
     with pytest.raises(InvalidArgumentError):  # asyncdist's own errors pass through
         with device_errors("all_reduce"):
             raise InvalidArgumentError("bad")
+    with pytest.raises(asyncio.CancelledError):  # and so does a cancellation
+        with device_errors("all_reduce"):
+            raise asyncio.CancelledError()
+    with device_errors("all_reduce"):  # and nothing happens without an error
+        pass
 
 
 def test_nccl_unique_id_survives_the_store():
