@@ -42,7 +42,9 @@ import time
 from typing import Any, Callable, Collection, Sequence
 
 from ..testing.spawn import spawn
+from .cases import CASES, Point
 from .ddp import TrainingStep, build_step
+from .plan import parse_bytes
 
 __all__ = ["main", "median_seconds", "PATHS", "OPS"]
 
@@ -52,19 +54,17 @@ PATHS = {"asyncdist": ("asyncdist", "gloo"), "gloo": ("torch", "gloo"), "asyncdi
 OPS = ("all_reduce", "broadcast", "all_gather", "ddp")
 
 
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B")
-    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
-
-
 def _sizes(text: str) -> list[int]:
-    return [_size(part) for part in text.split(",") if part.strip()]
+    try:
+        return [parse_bytes(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _bus_factor(op: str, n: int) -> float:
-    """nccl-tests' bus bandwidth over algorithm bandwidth (algbw: bytes moved per rank / time)."""
-    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "broadcast": 1.0}.get(op, 0.0)
+    """nccl-tests' bus bandwidth over algorithm bandwidth, as the sweep's rows have it (0: none)."""
+    factor = CASES[op].bus_factor
+    return factor(n) if factor is not None else 0.0
 
 
 def _call_and_check(d: Any, op: str, nbytes: int, rank: int, n: int, device: Any) -> tuple[Callable[[], Any], int]:
@@ -73,7 +73,7 @@ def _call_and_check(d: Any, op: str, nbytes: int, rank: int, n: int, device: Any
 
     count = max(1, nbytes // 4)
     if op == "ddp":
-        (step,) = build_step(d, _DdpPoint(count, rank, n), device=device)
+        (step,) = build_step(d, Point(rank, n, count, "float32", "torch"), device=device)
         assert isinstance(step, TrainingStep)
         step()
         weight = next(iter(step.model.parameters())).detach()
@@ -118,13 +118,6 @@ def median_seconds(call: Callable[[], Any], sync: Callable[[], Any], warmup: int
         sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-class _DdpPoint:
-    """What :func:`asyncdist.bench.ddp.build_step` reads of a sweep's point."""
-
-    def __init__(self, count: int, rank: int, world_size: int) -> None:
-        self.count, self.rank, self.world_size = count, rank, world_size
 
 
 def _rank(path: str, store_file: str, device_kind: str, cases: list[tuple[str, int]], warmup: int,
