@@ -9,16 +9,45 @@ import pytest
 from asyncdist.bench import recorder
 
 
-def test_the_recorder_bench_prints_both_medians_and_their_paired_difference(capsys: pytest.CaptureFixture[str]) -> None:
-    assert recorder.main(["--block", "20", "--pairs", "3"]) == 0
+@pytest.mark.parametrize(("flags", "what", "pairs"), [
+    ([], "facade 8 B all_reduce, 2 ranks", 6),
+    (["--cpu"], "await API 8 B all_reduce, 2 ranks in one loop, CPU time per call and rank", 3),
+])
+def test_the_recorder_bench_prints_both_medians_and_their_paired_difference(
+    capsys: pytest.CaptureFixture[str], flags: list[str], what: str, pairs: int
+) -> None:
+    assert recorder.main([*flags, "--block", "20", "--pairs", "3"]) == 0
     line = capsys.readouterr().out.strip()
     number = r"([+-]?[\d.]+)"
-    found = re.fullmatch(rf"facade 8 B all_reduce, 2 ranks: recorder on {number} us, off {number} us; "
+    found = re.fullmatch(rf"{re.escape(what)}: recorder on {number} us, off {number} us; "
                          rf"paired difference {number} us \(quartiles {number} to {number}\); "
-                         rf"mean {number} us \(95 % interval {number} to {number}\), 6 pairs of both ranks", line)
+                         rf"mean {number} us \(95 % interval {number} to {number}\), {pairs} pairs", line)
     assert found, line
     on, off, difference, low, high, mean, mean_low, mean_high = map(float, found.groups())
     assert on > 0 and off > 0 and low <= difference <= high and mean_low <= mean <= mean_high
+
+
+def test_the_cpu_timing_switches_both_ranks_recorders_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each timed block runs with both ranks' recorders as asked: on blocks add
+    records (2 ranks x block calls), off blocks add none."""
+    from asyncdist.engine.recorder import Recorder
+
+    opened: list[int] = []
+    real_open = Recorder.open
+
+    def counting_open(self: Recorder, *args: object, **kwargs: object) -> object:
+        entry = real_open(self, *args, **kwargs)  # type: ignore[arg-type]
+        opened.append(entry is not None)
+        return entry
+
+    monkeypatch.setattr(Recorder, "open", counting_open)
+    assert recorder._cpu_pairs(block=5, pairs=0) == {"on_us": [], "off_us": []}
+    warm_up = sum(opened)  # the world's start and the warm-up block, recorded
+    opened.clear()
+    times = recorder._cpu_pairs(block=5, pairs=2)
+    assert len(times["on_us"]) == len(times["off_us"]) == 2
+    # then on/off and off/on: 2 more blocks recorded and 2 not, 2 ranks x 5 calls each
+    assert sum(opened) - warm_up == 2 * 2 * 5 and len(opened) - sum(opened) == 2 * 2 * 5
 
 
 def test_the_summary_of_paired_timings() -> None:
