@@ -100,6 +100,7 @@ def _cpu_pairs(block: int, pairs: int) -> dict[str, list[float]]:
 
 
 def _paired_in_loop(loop: asyncio.AbstractEventLoop, groups: list, block: int, pairs: int) -> dict[str, list[float]]:
+    """The pairs of :func:`_cpu_pairs`, the world started on ``loop``."""
     import numpy as np
 
     recorders = [group.engine.flight.recorder for group in groups]

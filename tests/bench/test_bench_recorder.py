@@ -32,7 +32,7 @@ def test_the_cpu_timing_switches_both_ranks_recorders_per_block(monkeypatch: pyt
     records (2 ranks x block calls), off blocks add none."""
     from asyncdist.engine.recorder import Recorder
 
-    opened: list[int] = []
+    opened: list[bool] = []
     real_open = Recorder.open
 
     def counting_open(self: Recorder, *args: object, **kwargs: object) -> object:
