@@ -45,9 +45,8 @@ def _paired(pairs: int, block_us: Callable[[bool], float]) -> dict[str, list[flo
     gc.disable()
     try:
         for i in range(pairs):
-            first = i % 2 == 0
-            times = {first: block_us(first)}
-            times[not first] = block_us(not first)
+            order = (True, False) if i % 2 == 0 else (False, True)
+            times = {recording: block_us(recording) for recording in order}
             on.append(times[True])
             off.append(times[False])
     finally:
