@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import os
 import time
 from typing import Any, Coroutine
@@ -108,10 +109,13 @@ class Driver:
         if not self._steps or loop.get_debug():  # debug: the loop's iteration times callbacks
             return self._run_as_task(coro, context)
         run = (context or contextvars.copy_context()).run
-        enter(loop)  # running in this thread, as run_forever marks it
-        self.running = True
         error: BaseException | None = None
         try:
+            # Inside the try: a Ctrl-C raised before ``running`` is set (the
+            # signal handler interrupts a call only once it runs) must still
+            # leave the loop, or this thread stays marked as the loop's own.
+            enter(loop)  # running in this thread, as run_forever marks it
+            self.running = True
             while True:  # one step of the coroutine each, as a Task's (inline: a call costs here)
                 try:
                     awaited = run(coro.send, None) if error is None else run(coro.throw, error)
@@ -136,6 +140,10 @@ class Driver:
                 if self._cancel_requested:  # nothing awaited could take it: raise it at the next step
                     self._cancel_requested = False
                     error = asyncio.CancelledError()
+        except BaseException:
+            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()  # interrupted before its first step: no "never awaited" warning
+            raise
         finally:
             self.running = self._cancel_requested = False
             leave(loop)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import threading
 from typing import Any, Callable, Coroutine, Iterator
 
@@ -70,6 +71,34 @@ def test_an_exception_reaches_the_caller_and_the_loop_stays_usable(loop: asyncio
     with pytest.raises(ValueError, match="rank 3 disagrees"):
         driver.run(fails())
     assert driver.run(answer()) == 42
+
+
+def test_a_ctrl_c_before_the_first_step_leaves_the_loop_and_closes_the_coroutine(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python raises KeyboardInterrupt between any two bytecodes; one raised as the
+    drive marks the loop running (before the signal handler can cancel the call
+    instead) must not leave this thread marked as the loop's, or every later
+    blocking call, destroy_process_group at exit among them, is refused."""
+    from asyncdist.loop import turns
+
+    real_enter = turns.enter
+
+    def enter_then_interrupted(the_loop: Any) -> None:
+        real_enter(the_loop)
+        raise KeyboardInterrupt
+
+    async def work() -> int:
+        return 7
+
+    coro = work()
+    monkeypatch.setattr(turns, "enter", enter_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Driver(loop).run(coro)
+    assert asyncio._get_running_loop() is None and not loop.is_running()
+    assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED  # closed: no "never awaited" warning
+    monkeypatch.setattr(turns, "enter", real_enter)
+    assert Driver(loop).run(work()) == 7
 
 
 def test_context_variables_set_by_the_coroutine_stay_in_it(loop: asyncio.AbstractEventLoop) -> None:
