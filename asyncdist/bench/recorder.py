@@ -54,7 +54,27 @@ def _paired(pairs: int, block_us: Callable[[bool], float]) -> dict[str, list[flo
     return {"on_us": on, "off_us": off}
 
 
-def _facade_pairs(block: int, pairs: int) -> dict[str, list[float]]:
+def _switch(recorders: list, ring: str | None) -> Callable[[bool | None], None]:
+    """Turns ``recorders`` on (a ring of their capacity) or off (a ring of
+    none), or with None back to the rings they had. ``ring``: "native" or
+    "python" for rings of that kind, None for the kind they have."""
+    from ..engine.ring import PyRing, Ring
+
+    kind = {None: None, "native": Ring, "python": PyRing}[ring]
+    if ring == "native" and Ring is PyRing:
+        raise SystemExit("the C ring was not built at install: no native ring to time")
+    had = [recorder.ring for recorder in recorders]
+    on = [(kind or type(r.ring))(r.capacity, r.ops) for r in recorders]
+    off = [(kind or type(r.ring))(0, r.ops) for r in recorders]
+
+    def set_recording(recording: bool | None) -> None:
+        for recorder, chosen in zip(recorders, had if recording is None else on if recording else off):
+            recorder.ring = chosen
+
+    return set_recording
+
+
+def _facade_pairs(block: int, pairs: int, ring: str | None = None) -> dict[str, list[float]]:
     """One rank's pairs: the blocking facade, wall-clock time per call."""
     import torch
 
@@ -62,12 +82,11 @@ def _facade_pairs(block: int, pairs: int) -> dict[str, list[float]]:
     from asyncdist.facade.lifecycle import _world
 
     dist.init_process_group()
-    recorder = _world().engine.flight.recorder
-    capacity = recorder.capacity
+    set_recording = _switch([_world().engine.flight.recorder], ring)
     x = torch.ones(2)
 
     def block_us(recording: bool) -> float:
-        recorder.capacity = capacity if recording else 0
+        set_recording(recording)
         dist.barrier()
         start = time.perf_counter()
         for _ in range(block):
@@ -78,11 +97,11 @@ def _facade_pairs(block: int, pairs: int) -> dict[str, list[float]]:
         block_us(True)  # warm-up
         return _paired(pairs, block_us)
     finally:
-        recorder.capacity = capacity
+        set_recording(None)
         dist.destroy_process_group()
 
 
-def _cpu_pairs(block: int, pairs: int) -> dict[str, list[float]]:
+def _cpu_pairs(block: int, pairs: int, ring: str | None = None) -> dict[str, list[float]]:
     """Both ranks in one event loop: the thread's CPU time per call and rank."""
     from ..testing import local_world
 
@@ -91,19 +110,20 @@ def _cpu_pairs(block: int, pairs: int) -> dict[str, list[float]]:
     try:
         groups = loop.run_until_complete(world.__aenter__())
         try:
-            return _paired_in_loop(loop, groups, block, pairs)
+            return _paired_in_loop(loop, groups, block, pairs, ring)
         finally:
             loop.run_until_complete(world.__aexit__(None, None, None))
     finally:
         loop.close()
 
 
-def _paired_in_loop(loop: asyncio.AbstractEventLoop, groups: list, block: int, pairs: int) -> dict[str, list[float]]:
+def _paired_in_loop(
+    loop: asyncio.AbstractEventLoop, groups: list, block: int, pairs: int, ring: str | None
+) -> dict[str, list[float]]:
     """The pairs of :func:`_cpu_pairs`, the world started on ``loop``."""
     import numpy as np
 
-    recorders = [group.engine.flight.recorder for group in groups]
-    capacity = recorders[0].capacity
+    set_recording = _switch([group.engine.flight.recorder for group in groups], ring)
     tensors = [np.ones(2, np.float32) for _ in groups]
 
     async def calls() -> None:
@@ -111,8 +131,7 @@ def _paired_in_loop(loop: asyncio.AbstractEventLoop, groups: list, block: int, p
             await asyncio.gather(*(group.all_reduce(x) for group, x in zip(groups, tensors)))
 
     def block_us(recording: bool) -> float:
-        for recorder in recorders:
-            recorder.capacity = capacity if recording else 0
+        set_recording(recording)
         start = time.thread_time()
         loop.run_until_complete(calls())
         return (time.thread_time() - start) / (len(groups) * block) * 1e6
@@ -121,8 +140,7 @@ def _paired_in_loop(loop: asyncio.AbstractEventLoop, groups: list, block: int, p
         block_us(True)  # warm-up
         return _paired(pairs, block_us)
     finally:
-        for recorder in recorders:
-            recorder.capacity = capacity
+        set_recording(None)
 
 
 def summary(on: list[float], off: list[float], resamples: int = 2000) -> dict[str, float]:
@@ -146,14 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=21, help="on/off pairs (default 21)")
     parser.add_argument("--cpu", action="store_true",
                         help="time CPU per call and rank, both ranks in one loop (the await API)")
+    parser.add_argument("--ring", choices=("native", "python"),
+                        help="time this kind of ring (default: the installed one, native where it was built)")
     args = parser.parse_args(argv)
     if args.cpu:
-        times = _cpu_pairs(args.block, args.pairs)
+        times = _cpu_pairs(args.block, args.pairs, args.ring)
         what, count = "await API 8 B all_reduce, 2 ranks in one loop, CPU time per call and rank", args.pairs
     else:
         from ..testing import spawn
 
-        ranks = spawn(2, _facade_pairs, args.block, args.pairs, timeout=600)
+        ranks = spawn(2, _facade_pairs, args.block, args.pairs, args.ring, timeout=600)
         times = {key: [t for rank in ranks for t in rank[key]] for key in ("on_us", "off_us")}
         what, count = "facade 8 B all_reduce, 2 ranks", 2 * args.pairs
     result = summary(times["on_us"], times["off_us"])

@@ -32,7 +32,6 @@ from ..errors import (
 )
 from .matching import Fold, PostedRecv
 from .progress import Awaited, register, timeout_message
-from .recorder import CLOCK, ENDED_AT, POSTED_AT, STARTED_AT, STAT, STEP, Entry
 from ..wire.frames import Header, Kind
 
 __all__ = ["Channel", "arm_deadline", "wait_until"]
@@ -117,7 +116,7 @@ class Channel:
 
     __slots__ = (
         "_engine", "_ranks", "_members", "_ctx", "_timeout", "_group_name", "_on_close", "_receiving", "_sending",
-        "seq", "op", "deadline", "rank", "size", "closed", "_entry", "_warn_at",
+        "seq", "op", "deadline", "rank", "size", "closed", "_ring", "_entry", "_warn_at",
     )
 
     def __init__(
@@ -154,12 +153,10 @@ class Channel:
         self._receiving: dict[PostedRecv, int] = {}
         self._sending: dict[asyncio.Future, int] = {}
         flight = engine.flight
-        # Its flight record: the group layer records each call it numbers (a
-        # channel made only to fail a call is not); None when the recorder is off.
-        self._entry: Entry | None = (
-            flight.recorder.open("collective", ctx, group_name, seq, op, ranks, self, posted)
-            if record else None
-        )  # fmt: skip
+        # Its flight record's handle: the group layer records each call it numbers
+        # (a channel made only to fail a call is not); None when the recorder is off.
+        self._ring = ring = flight.recorder.ring
+        self._entry = ring.open("collective", ctx, group_name, seq, op, ranks, self, posted) if record else None
         # When a wait of this call warns that it hangs (None: never, or done).
         hang_warn = flight.hang_warn
         self._warn_at = posted + hang_warn if hang_warn else None
@@ -259,7 +256,7 @@ class Channel:
         """
         entry = self._entry
         if entry is not None:  # started: its messages flow
-            entry[STARTED_AT] = CLOCK()
+            self._ring.start(entry)
         try:
             result = await algorithm
         except AsyncDistError as error:
@@ -279,22 +276,14 @@ class Channel:
         if failed is not None:
             self._close_record(failed)
             raise failed
-        if entry is not None:  # completed: as Recorder.close, without a call (the hot path)
-            entry[ENDED_AT] = ended = CLOCK()
-            entry[STEP] = None
-            stat = entry[STAT]
-            stat[0] += 1
-            stat[1] += ended - entry[POSTED_AT]
+        if entry is not None:  # completed
+            self._ring.end(entry)
         return result
 
     def _close_record(self, error: AsyncDistError | None) -> None:
         """End the call's flight record (completed, or failed with ``error``)."""
-        entry = self._entry
-        if entry is None or entry[ENDED_AT] is not None:
-            return
         recorder = self._engine.flight.recorder
-        recorder.close(entry, error)
-        if error is None:
+        if self._entry is None or not recorder.close(self._entry, error) or error is None:
             return
         why = next((why for kind, why in _DUMPED.items() if isinstance(error, kind)), None)
         if why is not None:  # also when another rank found it and told this one (an ABORT)

@@ -4,8 +4,8 @@
 prints them per row. Per-peer traffic is counted where every message passes
 (the engine's send, each connection's inbox): two list increments, no
 allocation. Operations and the time spent in them are counted by the flight
-recorder as each ends, into the counter of its description that its record
-holds (:data:`~asyncdist.engine.recorder.STAT`), so they need the recorder on
+recorder's ring as each ends, into the counter of its description
+(:mod:`asyncdist.engine.ring`), so they need the recorder on
 (``ASYNCDIST_TRACE_BUFFER`` > 0).
 
 Loop thread only (a reader on another thread gets a moment-stale copy).

@@ -320,10 +320,10 @@ class Calls:
         message = Message(what, future, peers, sending=sending, members=ranks)
         recorder = self.engine.flight.recorder
         now = recorder.clock()
-        entry = recorder.open("p2p", self.p2p_context, self.members.name, 0, what,
-                              tuple(ranks[p] for p in peers), message, now, now, nbytes)
-        if entry is not None:
-            future.add_done_callback(lambda done: recorder.close(entry, _error_of(done)))
+        handle = recorder.ring.open("p2p", self.p2p_context, self.members.name, 0, what,
+                                    tuple(ranks[p] for p in peers), message, now, now, nbytes)
+        if handle is not None:
+            future.add_done_callback(lambda done: recorder.close(handle, _error_of(done)))
         return message
 
     def work(self, future: asyncio.Future, message: Message, outputs: list) -> Work:

@@ -30,24 +30,24 @@ def test_the_recorder_bench_prints_both_medians_and_their_paired_difference(
 def test_the_cpu_timing_switches_both_ranks_recorders_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each timed block runs with both ranks' recorders as asked: on blocks add
     records (2 ranks x block calls), off blocks add none."""
-    from asyncdist.engine.recorder import Recorder
+    from asyncdist.engine.ring import PyRing
 
     opened: list[bool] = []
-    real_open = Recorder.open
+    real_open = PyRing.open
 
-    def counting_open(self: Recorder, *args: object, **kwargs: object) -> object:
-        entry = real_open(self, *args, **kwargs)  # type: ignore[arg-type]
-        opened.append(entry is not None)
-        return entry
+    def counting_open(self: PyRing, *args: object) -> object:
+        handle = real_open(self, *args)  # type: ignore[arg-type]
+        opened.append(handle is not None)
+        return handle
 
-    monkeypatch.setattr(Recorder, "open", counting_open)
-    assert recorder._cpu_pairs(block=5, pairs=0) == {"on_us": [], "off_us": []}
-    warm_up = sum(opened)  # the world's start and the warm-up block, recorded
+    monkeypatch.setattr(PyRing, "open", counting_open)
+    assert recorder._cpu_pairs(block=5, pairs=0, ring="python") == {"on_us": [], "off_us": []}
+    assert opened == [True] * 2 * 5  # the warm-up block
     opened.clear()
-    times = recorder._cpu_pairs(block=5, pairs=2)
+    times = recorder._cpu_pairs(block=5, pairs=2, ring="python")
     assert len(times["on_us"]) == len(times["off_us"]) == 2
-    # then on/off and off/on: 2 more blocks recorded and 2 not, 2 ranks x 5 calls each
-    assert sum(opened) - warm_up == 2 * 2 * 5 and len(opened) - sum(opened) == 2 * 2 * 5
+    # the warm-up, then on/off and off/on: 3 blocks recorded and 2 not, 2 ranks x 5 calls each
+    assert sum(opened) == 3 * 2 * 5 and len(opened) - sum(opened) == 2 * 2 * 5
 
 
 def test_the_summary_of_paired_timings() -> None:

@@ -1,26 +1,43 @@
-"""The flight recorder's ring, its switches and the reading of descriptions (no loop, no sockets)."""
+"""The flight recorder, over either ring (C and Python), its switches and the
+reading of descriptions (no loop, no sockets)."""
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import pytest
 
 from asyncdist.engine.counters import Counters
 from asyncdist.engine.descriptions import Described, parse, short
-from asyncdist.engine.recorder import (
-    DESC, ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, STARTED_AT, Recorder, as_dict, capacity_from_env, state_of,
-)
+from asyncdist.engine.recorder import Recorder, as_dict, capacity_from_env, state_of
+from asyncdist.engine.ring import ENDED_AT, ERROR, NATIVE, POSTED_AT, SEQ, SERIAL, Entry, PyRing, Ring
 from asyncdist.engine.whereabouts import hang_warn_from_env
 from asyncdist.errors import InvalidArgumentError
 
+RINGS = [pytest.param(PyRing, id="python"),
+         pytest.param(Ring, id="native", marks=pytest.mark.skipif(not NATIVE, reason="the C ring was not built"))]
 
-def _record(recorder: Recorder, seq: int, desc: str = "all_reduce(sum, float32[4])") -> list:
-    entry = recorder.open("collective", 1, "world", seq, desc, (0, 1), None, recorder.clock())
-    assert entry is not None
+
+@pytest.fixture(params=RINGS)
+def make(request: pytest.FixtureRequest) -> Callable[..., Recorder]:
+    """A recorder over each kind of ring."""
+    return lambda rank=0, capacity=8, ops=None: Recorder(rank, capacity, ops, ring=request.param)
+
+
+def _record(recorder: Recorder, seq: int, desc: str = "all_reduce(sum, float32[4])") -> Any:
+    handle = recorder.ring.open("collective", 1, "world", seq, desc, (0, 1), None, recorder.clock())
+    assert handle is not None
+    return handle
+
+
+def _kept(recorder: Recorder, seq: int) -> Entry:
+    """The record of call ``seq`` as the recorder gives it now."""
+    entry, = (e for e in recorder.entries() if e[SEQ] == seq)
     return entry
 
 
-def test_the_ring_wraps_and_keeps_the_newest_n() -> None:
-    recorder = Recorder(rank=0, capacity=5)
+def test_the_ring_wraps_and_keeps_the_newest_n(make: Callable[..., Recorder]) -> None:
+    recorder = make(capacity=5)
     for seq in range(12):
         recorder.close(_record(recorder, seq))
     assert [e[SEQ] for e in recorder.entries()] == [7, 8, 9, 10, 11]
@@ -28,67 +45,83 @@ def test_the_ring_wraps_and_keeps_the_newest_n() -> None:
     assert recorder.recorded == 12
 
 
-def test_an_open_operation_keeps_its_record_when_the_ring_wraps_over_it() -> None:
-    recorder = Recorder(rank=0, capacity=2)
+def test_an_open_operation_the_ring_wraps_over_still_ends_once(make: Callable[..., Recorder]) -> None:
+    recorder = make(capacity=2)
     first = _record(recorder, 1)
+    assert state_of(_kept(recorder, 1)) == "posted"
     for seq in (2, 3):
         recorder.close(_record(recorder, seq))
     assert [e[SEQ] for e in recorder.entries()] == [2, 3]
-    assert (first[SEQ], state_of(first)) == (1, "posted")
-    recorder.close(first, InvalidArgumentError("bad"))
-    assert (state_of(first), first[ERROR]) == ("failed", "InvalidArgumentError: bad")
+    assert recorder.close(first, InvalidArgumentError("bad")) is True
+    assert recorder.close(first) is False
     assert [e[SEQ] for e in recorder.entries()] == [2, 3]
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 3
 
 
-def test_operations_are_counted_by_description_as_they_end() -> None:
-    recorder = Recorder(rank=0, capacity=3)
-    entries = [_record(recorder, seq) for seq in range(4)]
+def test_an_operation_ends_once(make: Callable[..., Recorder]) -> None:
+    recorder = make()
+    handle = _record(recorder, 1)
+    assert recorder.close(handle) is True
+    ended = _kept(recorder, 1)[ENDED_AT]
+    assert recorder.close(handle, InvalidArgumentError("late")) is False
+    assert (_kept(recorder, 1)[ENDED_AT], _kept(recorder, 1)[ERROR]) == (ended, None)
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 1
+
+
+def test_operations_are_counted_by_description_as_they_end(make: Callable[..., Recorder]) -> None:
+    recorder = make(capacity=4)
+    handles = [_record(recorder, seq) for seq in range(4)]
     assert recorder.ops[1]["all_reduce(sum, float32[4])"] == [0, 0.0]  # none ended yet
-    for entry in entries:
-        recorder.close(entry)
+    for handle in handles:
+        recorder.close(handle)
     assert list(recorder.ops) == [1]
     (count, seconds), = recorder.ops[1].values()
+    entries = recorder.entries()
     assert count == 4 and seconds == pytest.approx(sum(e[ENDED_AT] - e[POSTED_AT] for e in entries), abs=1e-9)
 
 
-def test_an_operation_the_ring_wrapped_over_while_open_is_counted_when_it_ends() -> None:
-    recorder = Recorder(rank=0, capacity=4)
+def test_an_operation_the_ring_wrapped_over_while_open_is_counted_when_it_ends(make: Callable[..., Recorder]) -> None:
+    recorder = make(capacity=4)
     first = _record(recorder, 0, "barrier")
-    entries = []
+    posted = _kept(recorder, 0)[POSTED_AT]
+    seconds = 0.0
     for seq in range(1, 10):  # the ring wraps over the open one
         desc = "broadcast(src=0, int8[2])" if seq % 3 == 0 else "all_reduce(sum, float32[4])"
-        entries.append(_record(recorder, seq, desc))
-        recorder.close(entries[-1])
+        recorder.close(_record(recorder, seq, desc))
+        entry = _kept(recorder, seq)
+        seconds += entry[ENDED_AT] - entry[POSTED_AT] if desc.startswith("all_reduce") else 0.0
     assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
     assert recorder.ops[1]["broadcast(src=0, int8[2])"][0] == 3
-    assert recorder.ops[1]["barrier"][0] == 0
+    assert recorder.ops[1]["barrier"] == [0, 0.0]
+    before = recorder.clock()
     recorder.close(first)
-    assert recorder.ops[1]["barrier"][0] == 1 and recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
-    seconds = sum(e[ENDED_AT] - e[POSTED_AT] for e in entries if e[DESC].startswith("all_reduce"))
+    count, waited = recorder.ops[1]["barrier"]
+    assert count == 1 and before - posted <= waited <= recorder.clock() - posted
+    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
     assert recorder.ops[1]["all_reduce(sum, float32[4])"][1] == pytest.approx(seconds, abs=1e-9)
 
 
-def test_groups_that_make_the_same_call_in_turn_are_counted_apart() -> None:
-    recorder = Recorder(rank=0, capacity=8)
+def test_groups_that_make_the_same_call_in_turn_are_counted_apart(make: Callable[..., Recorder]) -> None:
+    recorder = make()
     for seq in range(5):
         for ctx in (1, 3, 3):
-            entry = recorder.open("collective", ctx, f"g{ctx}", seq, "barrier", (0, 1), None, recorder.clock())
-            assert entry is not None
-            recorder.close(entry)
+            handle = recorder.ring.open("collective", ctx, f"g{ctx}", seq, "barrier", (0, 1), None, recorder.clock())
+            assert handle is not None
+            recorder.close(handle)
     assert (recorder.ops[1]["barrier"][0], recorder.ops[3]["barrier"][0]) == (5, 10)
 
 
-def test_capacity_zero_records_nothing() -> None:
-    recorder = Recorder(rank=0, capacity=0)
-    assert recorder.open("collective", 1, "world", 1, "barrier", (0, 1), None, 0.0) is None
-    assert recorder.entries() == [] and recorder.where(1) is None
+def test_capacity_zero_records_nothing(make: Callable[..., Recorder]) -> None:
+    recorder = make(capacity=0)
+    assert recorder.ring.open("collective", 1, "world", 1, "barrier", (0, 1), None, 0.0) is None
+    assert recorder.entries() == [] and recorder.where(1) is None and recorder.recorded == 0
 
 
-def test_where_answers_with_the_latest_operation_of_the_context() -> None:
-    recorder = Recorder(rank=3, capacity=8)
+def test_where_answers_with_the_latest_operation_of_the_context(make: Callable[..., Recorder]) -> None:
+    recorder = make(rank=3)
     recorder.close(_record(recorder, 55))
     _record(recorder, 56, "broadcast(src=1, float32[4])")
-    recorder.open("p2p", 0, "world", 0, "send to rank 1 (tag 0, group 'world')", (1,), None, recorder.clock())
+    recorder.ring.open("p2p", 0, "world", 0, "send to rank 1 (tag 0, group 'world')", (1,), None, recorder.clock())
     answer = recorder.where(1)
     assert answer is not None
     assert (answer["seq"], answer["desc"], answer["state"]) == (56, "broadcast(src=1, float32[4])", "posted")
@@ -127,23 +160,26 @@ def test_descriptions_read_back_into_their_parts(desc: str, expected: Described)
     assert parse(desc) == expected
 
 
-def test_the_state_is_derived_from_the_times_and_the_error() -> None:
-    recorder = Recorder(rank=0, capacity=4)
-    entry = _record(recorder, 1)
+def test_the_state_is_derived_from_the_times_and_the_error(make: Callable[..., Recorder]) -> None:
+    recorder = make()
+    handle = _record(recorder, 1)
+    entry = _kept(recorder, 1)
     assert (state_of(entry), as_dict(entry)["state"], as_dict(entry)["started"]) == ("posted", "posted", None)
-    entry[STARTED_AT] = recorder.clock()  # what a channel does as its call starts
-    assert as_dict(entry)["state"] == "started"
-    recorder.close(entry)
-    dumped = as_dict(entry)
+    recorder.ring.start(handle)  # what a channel does as its call starts
+    assert as_dict(_kept(recorder, 1))["state"] == "started"
+    recorder.close(handle)
+    dumped = as_dict(_kept(recorder, 1))
     assert dumped["state"] == "completed" and dumped["posted"] <= dumped["started"] <= dumped["ended"]
-    failed = _record(recorder, 2)
-    recorder.close(failed, InvalidArgumentError("bad"))
-    assert (as_dict(failed)["state"], as_dict(failed)["error"]) == ("failed", "InvalidArgumentError: bad")
+    recorder.close(_record(recorder, 2), InvalidArgumentError("bad"))
+    failed = as_dict(_kept(recorder, 2))
+    assert (failed["state"], failed["error"]) == ("failed", "InvalidArgumentError: bad")
 
 
-def test_a_reset_zeroes_the_counts_and_an_operation_open_across_it_counts_after() -> None:
+def test_a_reset_zeroes_the_counts_and_an_operation_open_across_it_counts_after(
+    make: Callable[..., Recorder]
+) -> None:
     counters = Counters(world_size=2)
-    recorder = Recorder(rank=0, capacity=4, ops=counters.ops)
+    recorder = make(ops=counters.ops)
     recorder.close(_record(recorder, 1))
     still_open = _record(recorder, 2)
     counters.reset()
@@ -152,4 +188,5 @@ def test_a_reset_zeroes_the_counts_and_an_operation_open_across_it_counts_after(
     recorder.close(_record(recorder, 3, "barrier"))
     ops = counters.snapshot([1], [1], lambda rank: True)["ops"]
     assert {op: stat["count"] for op, stat in ops.items()} == {"all_reduce": 1, "barrier": 1}
-    assert ops["all_reduce"]["seconds"] == pytest.approx(still_open[ENDED_AT] - still_open[POSTED_AT], abs=1e-9)
+    entry = _kept(recorder, 2)
+    assert ops["all_reduce"]["seconds"] == pytest.approx(entry[ENDED_AT] - entry[POSTED_AT], abs=1e-9)

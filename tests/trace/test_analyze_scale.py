@@ -19,7 +19,7 @@ def _dump(rank: int, folder: Path) -> None:
     recorder = Recorder(rank, capacity=2000)
     last = CALLS - 1 if rank == BEHIND else CALLS
     for seq in range(1, last + 1):
-        entry = recorder.open("collective", 1, "world", seq, "all_reduce(sum, float32[1024])", (0, 1, 2, 3), None,
+        entry = recorder.ring.open("collective", 1, "world", seq, "all_reduce(sum, float32[1024])", (0, 1, 2, 3), None,
                               recorder.clock())
         if seq < CALLS:
             assert entry is not None
