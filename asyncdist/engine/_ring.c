@@ -53,16 +53,28 @@ typedef struct {
     PyObject *last_desc, *last_stat; /* the last operation's: the next is most often the same call */
 } Ring;
 
-/* time.monotonic(), the loop's clock, read as Python reads it */
-static double monotonic(void) {
+/* time.monotonic(), the loop's clock, read as Python reads it: through its
+ * public clock API from 3.13, and before that where it is CLOCK_MONOTONIC
+ * (Linux); elsewhere this file does not build and the Python ring serves. */
 #if PY_VERSION_HEX >= 0x030D0000
+static double monotonic(void) {
     PyTime_t t;
-    if (PyTime_MonotonicRaw(&t) < 0) return NAN;
+    if (PyTime_Monotonic(&t) < 0) { /* it cannot fail once Python has started */
+        PyErr_Clear();
+        return NAN;
+    }
     return PyTime_AsSecondsDouble(t);
-#else
-    return _PyTime_AsSecondsDouble(_PyTime_GetMonotonicClock());
-#endif
 }
+#elif defined(__linux__)
+#include <time.h>
+static double monotonic(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec) / 1e9;
+}
+#else
+#error "the C ring reads time.monotonic's clock only on Linux before Python 3.13"
+#endif
 
 static PyObject *as_float_or_none(double value) {
     return isnan(value) ? Py_NewRef(Py_None) : PyFloat_FromDouble(value);

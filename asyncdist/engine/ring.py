@@ -9,7 +9,8 @@ as it is posted, :meth:`Ring.start` as its messages begin to flow and
 ``capacity`` records and knows no names of collectives.
 
 :data:`Ring` is the C ring (``asyncdist/engine/_ring.c``) where it was built
-at install, else :class:`PyRing`, this module's Python one. They pass the
+at install (a C compiler, and Linux or Python 3.13+, whose clock API it
+reads), else :class:`PyRing`, this module's Python one. They pass the
 same tests and differ in cost: 0.5-0.9 us of CPU per 8-byte all_reduce
 and rank in C, 2-2.7 us in Python (docs/benchmarks.md, "Flight recorder cost"). A record in
 Python is a list the ring keeps, and freeing it 2000 operations later, out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import random
+import time
 import weakref
 from typing import Any
 
@@ -77,6 +78,18 @@ def test_an_entry_is_a_snapshot_with_every_field(ring_type: type) -> None:
     assert ring.end(handle, "OperationTimeoutError: late") is True
     entry, = ring.entries()
     assert (entry[STEP], entry[ENDED_AT] > entry[POSTED_AT], as_dict(entry)["state"]) == (None, True, "failed")
+
+
+@pytest.mark.parametrize("ring_type", RINGS)
+def test_the_times_are_read_from_the_loops_clock(ring_type: type) -> None:
+    ring = ring_type(2, {})
+    before = time.monotonic()
+    handle = ring.open("collective", 1, "world", 1, "barrier", (0, 1), None, before)
+    ring.start(handle)
+    ring.end(handle)
+    after = time.monotonic()
+    entry, = ring.entries()
+    assert before == entry[POSTED_AT] <= entry[STARTED_AT] <= entry[ENDED_AT] <= after
 
 
 @pytest.mark.parametrize("ring_type", RINGS)
