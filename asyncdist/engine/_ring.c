@@ -150,8 +150,11 @@ static int Ring_traverse(Ring *self, visitproc visit, void *arg) {
     return 0;
 }
 
+/* Cleared (by the garbage collector, breaking a cycle), a ring records and finds nothing. */
 static int Ring_clear(Ring *self) {
-    for (Py_ssize_t i = 0; self->records != NULL && i < self->capacity; i++) {
+    Py_ssize_t capacity = self->capacity;
+    self->capacity = 0;
+    for (Py_ssize_t i = 0; self->records != NULL && i < capacity; i++) {
         PyObject **objects[RECORD_OBJECTS];
         record_objects(&self->records[i], objects);
         for (int k = 0; k < RECORD_OBJECTS; k++) Py_CLEAR(*objects[k]);
@@ -290,6 +293,7 @@ static PyObject *Ring_end(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_XDECREF(old_error);
         Py_RETURN_TRUE;
     }
+    if (self->evicted == NULL) Py_RETURN_FALSE;
     PyObject *key = PyLong_FromLongLong(serial);
     if (key == NULL) return NULL;
     PyObject *kept = PyDict_GetItemWithError(self->evicted, key); /* borrowed */

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import random
+import sys
 import time
 import weakref
 from typing import Any
@@ -123,6 +124,27 @@ def test_a_cycle_through_an_open_record_is_collected(ring_type: type) -> None:
     del step, recorder
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.parametrize("ring_type", RINGS)
+def test_a_ring_lets_go_of_everything_it_held(ring_type: type) -> None:
+    """Wrapping many times, failing, ending twice and being freed, a ring
+    leaves every object it was handed with the references it had before."""
+    kind, group, desc, peers, error = "collective", "g" * 3, "all_reduce(sum, float32[4])" * 2, (0, 1), "E: e" * 2
+    step = object()
+    held = [kind, group, desc, peers, step, error]
+    before = [sys.getrefcount(obj) for obj in held]
+    ring = ring_type(5, {})
+    for seq in range(200):
+        handle = ring.open(kind, 1, group, seq, desc, peers, step, 0.0)
+        if seq % 7:  # the others stay open as the ring wraps over them
+            ring.start(handle)
+            ring.end(handle, error if seq % 3 == 0 else None)
+            ring.end(handle, error)
+        ring.note_awaited(seq, {"receiving": [1], "sending": []})
+    assert ring.recorded == 200 and len(ring.entries()) == 5
+    del ring, handle
+    assert [sys.getrefcount(obj) for obj in held] == before
 
 
 @native_only
