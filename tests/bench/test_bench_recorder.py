@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -10,7 +11,8 @@ from asyncdist.bench import recorder
 
 
 @pytest.mark.parametrize(("flags", "what", "pairs"), [
-    ([], "facade 8 B all_reduce, 2 ranks", 6),
+    pytest.param([], "facade 8 B all_reduce, 2 ranks", 6,
+                 marks=pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the facade needs torch")),
     (["--cpu"], "await API 8 B all_reduce, 2 ranks in one loop, CPU time per call and rank", 3),
 ])
 def test_the_recorder_bench_prints_both_medians_and_their_paired_difference(

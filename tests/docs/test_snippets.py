@@ -12,6 +12,7 @@ the site) says how, when it needs more than one process:
                                             raise it (with its message), on some rank
     <!-- snippet: pytest -->                a test file: run by pytest in a fresh folder
     <!-- snippet: requires=cuda -->         skipped (with that reason) where CUDA is absent
+                                            (a block that imports torch is skipped where torch is)
     <!-- snippet: skip: REASON -->          not run; the reason is required, and shown
 
 A block without a comment runs as a script (``python snippet.py`` in a fresh folder),
@@ -127,6 +128,9 @@ def _pytest(snippet: Snippet, source: str, folder: Path) -> None:
     assert result.returncode == 0, f"{snippet.id} failed:\n{result.stdout}\n{result.stderr}"
 
 
+_IMPORTS_TORCH = re.compile(r"^\s*(import|from) torch\b", re.MULTILINE)
+
+
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
 def test_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
     options = snippet.options
@@ -137,6 +141,8 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
         torch = pytest.importorskip("torch")
         if not torch.cuda.is_available():
             pytest.skip("needs CUDA")
+    if _IMPORTS_TORCH.search(snippet.source):
+        pytest.importorskip("torch")  # an optional dependency
     source = snippet.source.replace("29500", str(_free_port()))
     source = source.replace("/tmp/asyncdist-rendezvous", str(tmp_path / "rendezvous"))
     if "pytest" in options:

@@ -148,7 +148,8 @@ def _ready_pids(lines: dict[int, list[str]]) -> list[int]:
 
 
 def test_help_lists_every_flag() -> None:
-    script = shutil.which("asyncdist-run")
+    # this interpreter's own script first: another Python's on PATH words its help in its own argparse
+    script = shutil.which("asyncdist-run", path=os.path.dirname(sys.executable)) or shutil.which("asyncdist-run")
     assert script is not None, "the asyncdist-run console script is not installed"
     result = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=JOB_TIMEOUT)
     assert result.returncode == 0
