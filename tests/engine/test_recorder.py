@@ -10,18 +10,14 @@ import pytest
 from asyncdist.engine.counters import Counters
 from asyncdist.engine.descriptions import Described, parse, short
 from asyncdist.engine.recorder import Recorder, as_dict, capacity_from_env, state_of
-from asyncdist.engine.ring import ENDED_AT, ERROR, NATIVE, POSTED_AT, SEQ, SERIAL, Entry, PyRing, Ring
+from asyncdist.engine.ring import ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, Entry
 from asyncdist.engine.whereabouts import hang_warn_from_env
 from asyncdist.errors import InvalidArgumentError
 
-RINGS = [pytest.param(PyRing, id="python"),
-         pytest.param(Ring, id="native", marks=pytest.mark.skipif(not NATIVE, reason="the C ring was not built"))]
-
-
-@pytest.fixture(params=RINGS)
-def make(request: pytest.FixtureRequest) -> Callable[..., Recorder]:
+@pytest.fixture
+def make(ring_type: type) -> Callable[..., Recorder]:
     """A recorder over each kind of ring."""
-    return lambda rank=0, capacity=8, ops=None: Recorder(rank, capacity, ops, ring=request.param)
+    return lambda rank=0, capacity=8, ops=None: Recorder(rank, capacity, ops, ring=ring_type)
 
 
 def _record(recorder: Recorder, seq: int, desc: str = "all_reduce(sum, float32[4])") -> Any:

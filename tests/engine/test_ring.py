@@ -19,8 +19,6 @@ from asyncdist.engine.ring import (
 )  # fmt: skip
 from asyncdist.errors import InvalidArgumentError
 
-RINGS = [pytest.param(PyRing, id="python"),
-         pytest.param(Ring, id="native", marks=pytest.mark.skipif(not NATIVE, reason="the C ring was not built"))]
 native_only = pytest.mark.skipif(not NATIVE, reason="the C ring was not built")
 
 _TIMES = (POSTED_AT, STARTED_AT, ENDED_AT)
@@ -63,7 +61,6 @@ def test_the_c_ring_records_what_the_python_ring_does(seed: int) -> None:
     assert _play(Ring, seed) == _play(PyRing, seed)
 
 
-@pytest.mark.parametrize("ring_type", RINGS)
 def test_an_entry_is_a_snapshot_with_every_field(ring_type: type) -> None:
     ring = ring_type(4, {})
     step = object()
@@ -81,7 +78,6 @@ def test_an_entry_is_a_snapshot_with_every_field(ring_type: type) -> None:
     assert (entry[STEP], entry[ENDED_AT] > entry[POSTED_AT], as_dict(entry)["state"]) == (None, True, "failed")
 
 
-@pytest.mark.parametrize("ring_type", RINGS)
 def test_the_times_are_read_from_the_loops_clock(ring_type: type) -> None:
     ring = ring_type(2, {})
     before = time.monotonic()
@@ -93,7 +89,6 @@ def test_the_times_are_read_from_the_loops_clock(ring_type: type) -> None:
     assert before == entry[POSTED_AT] <= entry[STARTED_AT] <= entry[ENDED_AT] <= after
 
 
-@pytest.mark.parametrize("ring_type", RINGS)
 def test_a_failure_freezes_what_each_open_operation_waits_on(ring_type: type) -> None:
     class Step:
         def awaited(self) -> Awaited:
@@ -108,7 +103,6 @@ def test_a_failure_freezes_what_each_open_operation_waits_on(ring_type: type) ->
     assert (done[AWAITED], waiting[AWAITED]) == (None, {"receiving": [4], "sending": [6]})
 
 
-@pytest.mark.parametrize("ring_type", RINGS)
 def test_a_cycle_through_an_open_record_is_collected(ring_type: type) -> None:
     """An open record holds its step (a channel, which holds the engine and so
     the recorder): the garbage collector must see through the ring."""
@@ -126,7 +120,6 @@ def test_a_cycle_through_an_open_record_is_collected(ring_type: type) -> None:
     assert gone() is None
 
 
-@pytest.mark.parametrize("ring_type", RINGS)
 def test_a_ring_lets_go_of_everything_it_held(ring_type: type) -> None:
     """Wrapping many times, failing, ending twice and being freed, a ring
     leaves every object it was handed with the references it had before."""
