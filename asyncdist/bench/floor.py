@@ -18,7 +18,7 @@ loopback (``TCP_NODELAY``, as asyncdist's links), half the round trip:
 
 :attr:`Floor.us` is the smaller of the two. A third figure, ``shm_us``, is
 what goes below it: the same ping-pong through two of asyncdist's
-shared-memory rings (:mod:`asyncdist.transport.shared_ring`), both sides
+shared-memory rings (:mod:`asyncdist.transport.shm_ring`), both sides
 spinning, in Python, with none of the runtime around them: the least a
 same-host message costs here. Each is the median of :data:`REPS`
 repetitions of :data:`ROUND_TRIPS` round trips, against a child process
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from time import perf_counter
 
 from ..loop.thread import new_event_loop
-from ..transport.shared_ring import Ring, supported
+from ..transport.shm_ring import ShmRing, supported
 
 __all__ = ["Floor", "measure", "ROUND_TRIPS", "REPS", "MESSAGE"]
 
@@ -146,7 +146,7 @@ _RING_BYTES = 4096
 _LOOKS_PER_YIELD = 256
 
 
-def _take(ring: Ring, dest: memoryview) -> None:
+def _take(ring: ShmRing, dest: memoryview) -> None:
     """Spin until ``dest.nbytes`` are readable, and read them. Every
     :data:`_LOOKS_PER_YIELD` looks the core is yielded: where the two
     processes share one, the other must get to run (a yield per look would
@@ -161,8 +161,8 @@ def _take(ring: Ring, dest: memoryview) -> None:
 
 def _ring_echo(pid: int, inbound: tuple[int, bytes], outbound: tuple[int, bytes], total: int) -> None:
     """Child: echo ``total`` 8 B messages from one ring of process ``pid`` into the other."""
-    reader = Ring.attach(pid, *inbound, _RING_BYTES)
-    writer = Ring.attach(pid, *outbound, _RING_BYTES)
+    reader = ShmRing.attach(pid, *inbound, _RING_BYTES)
+    writer = ShmRing.attach(pid, *outbound, _RING_BYTES)
     message = memoryview(bytearray(len(MESSAGE)))
     for _ in range(total):
         _take(reader, message)
@@ -172,7 +172,7 @@ def _ring_echo(pid: int, inbound: tuple[int, bytes], outbound: tuple[int, bytes]
 
 def _shared_memory(context: multiprocessing.context.SpawnContext) -> float:
     """The 8 B ping-pong through two rings, one way, median of repetitions."""
-    (to_child, child_fd, child_nonce), (from_child, fd, nonce) = Ring.create(_RING_BYTES), Ring.create(_RING_BYTES)
+    (to_child, child_fd, child_nonce), (from_child, fd, nonce) = ShmRing.create(_RING_BYTES), ShmRing.create(_RING_BYTES)
     child = context.Process(target=_ring_echo, args=(os.getpid(), (child_fd, child_nonce), (fd, nonce), REPS * ROUND_TRIPS),
                             daemon=True)  # fmt: skip
     child.start()

@@ -58,10 +58,10 @@ def _switch(recorders: list, ring: str | None) -> Callable[[bool | None], None]:
     """Turns ``recorders`` on (a ring of their capacity) or off (a ring of
     none), or with None back to the rings they had. ``ring``: "native" or
     "python" for rings of that kind, None for the kind they have."""
-    from ..engine.ring import PyRing, Ring
+    from ..flight.record_ring import PyRecordRing, RecordRing
 
-    kind = {None: None, "native": Ring, "python": PyRing}[ring]
-    if ring == "native" and Ring is PyRing:
+    kind = {None: None, "native": RecordRing, "python": PyRecordRing}[ring]
+    if ring == "native" and RecordRing is PyRecordRing:
         raise SystemExit("the C ring was not built at install: no native ring to time")
     had = [recorder.ring for recorder in recorders]
     on = [(kind or type(r.ring))(r.capacity, r.ops) for r in recorders]

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Mapping
 from .abort import abort_header, error_from_abort
 from .connecting import wait_for_peers
 from .faults import Faults
-from .flight import Flight
+from ..flight import Flight
 from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, ClosedError, PeerLostError
 from ..rendezvous.waiting import WaitReports
@@ -41,7 +41,7 @@ from .mailbox import Mailbox, PeerInbox
 from .matching import Fold, PostedRecv
 from ..transport.heartbeat import Heartbeat, HeartbeatConfig
 from ..transport.mesh import Mesh
-from ..transport.ring_link import RingPoller, ring_bytes
+from ..transport.shm_link import ShmPoller, shm_ring_bytes
 from ..transport.spinning import spin_seconds
 from ..transport.stream import Connection
 from ..wire.frames import DEFAULT_MAX_PAYLOAD_BYTES, FrameDecoder, Header, Kind, encode_header
@@ -101,15 +101,15 @@ class Engine:
         self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
         self.flight = Flight(me, self._connections)  #: recorder, dumps, counters, hang questions
-        self._ring_bytes = ring_bytes(me.world_size)  # of each peer's shared-memory ring (0: no rings)
-        self._rings: RingPoller | None = None  # polls them (from listen())
+        self._ring_bytes = shm_ring_bytes(me.world_size)  # of each peer's shared-memory ring (0: no rings)
+        self._rings: ShmPoller | None = None  # polls them (from listen())
 
     # -- setup -------------------------------------------------------------
 
     async def listen(self, host: str, listener: socket.socket | None = None) -> tuple[str, int]:
         """Listen on an ephemeral port of ``host`` (or ``listener``); return (host, port) to publish."""
         self._loop = self.flight.dumps.loop = asyncio.get_running_loop()
-        self._rings = RingPoller(self._loop, spin_seconds())
+        self._rings = ShmPoller(self._loop, spin_seconds())
         self.address = await self._mesh.listen(host, listener)
         self._heartbeat.start()
         return self.address

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..errors import AsyncDistError, FrameTooLargeError, ProtocolError
-from .counters import Counters
+from ..flight.counters import Counters
 from .matching import Inbound, Matcher, PostedRecv, misfit
 from ..buffers.scratch import pool
 from ..wire.frames import Header, Kind

@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from .backends import parse_backend
-from ..engine.dumps import install_sigusr1
+from ..flight.dumps import install_sigusr1
 from .._config import JOIN_ENV
 from ..errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
 from ..group.process_group import ProcessGroup

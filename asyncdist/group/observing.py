@@ -30,7 +30,7 @@ def dump_trace(engine: Engine, path: str | os.PathLike[str] | None = None) -> Pa
 
 
 def stats(calls: Calls, *, reset: bool = False) -> dict[str, Any]:
-    """The group's counters (see :meth:`asyncdist.engine.counters.Counters.snapshot`);
+    """The group's counters (see :meth:`asyncdist.flight.counters.Counters.snapshot`);
     ``reset`` then zeroes every counter of this rank (all groups)."""
     engine = calls.engine
     peers = [rank for rank in calls.members.ranks if rank != engine.rank]

@@ -21,7 +21,7 @@ from ..timeouts import DEFAULT_TIMEOUT
 from ..timeouts import as_seconds
 from .process_group import ProcessGroup
 from .bootstrap import ABORT_LINGER_SECONDS, bootstrap, refuse, whoami
-from ..engine.dumps import install_sigusr1
+from ..flight.dumps import install_sigusr1
 from .joining import join as join_running
 from ..errors import InvalidArgumentError, RendezvousError
 from ..rendezvous.init_method import resolve

@@ -3,7 +3,7 @@
 Each worker is given ``ASYNCDIST_TRACE_DIR`` (unless the user set it): the
 attempt's ``trace`` folder beside its logs (``LOG_DIR/RUN_ID/attempt_N/trace``,
 or under the system's temporary folder without ``--log-dir``). Ranks write
-there only when something fails (:mod:`asyncdist.engine.dumps`), so the
+there only when something fails (:mod:`asyncdist.flight.dumps`), so the
 folder exists only then; after a failed attempt the launcher says where the
 dumps are and how to read them.
 """
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..engine.dumps import TRACE_DIR_ENV
+from ..flight.dumps import TRACE_DIR_ENV
 
 __all__ = ["TRACE_DIR_ENV", "attempt_folder", "report"]
 

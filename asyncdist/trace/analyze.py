@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..engine.descriptions import parse, short
+from ..flight.descriptions import parse, short
 from .load import Trace
 
 __all__ = ["Finding", "analyze", "as_text"]

@@ -21,7 +21,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from ..engine.descriptions import parse
+from ..flight.descriptions import parse
 from .load import Trace
 
 __all__ = ["timeline"]

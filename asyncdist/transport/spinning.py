@@ -8,7 +8,7 @@ the ranks on a host outnumber its cores the peer a rank waits for may need
 that very core. So a rank spins only when the launcher says how many ranks
 share its host and they fit the cores it may use. Both the blocking facade
 (:mod:`asyncdist.loop.turns`) and the shared-memory rings
-(:mod:`.ring_link`) follow this one rule.
+(:mod:`.shm_link`) follow this one rule.
 
 A second rule, per thread: only a thread whose caller waits may spin. The
 blocking facade's loop thread runs the loop in the background while the

@@ -18,7 +18,7 @@ copies them out and answers with a DONE frame, which completes the send.
 DONEs come back in the order the payloads were sent, so a queue pairs them
 with their sends. Frames to a peer on the same host go through a
 shared-memory ring instead of the socket once both agree
-(:meth:`Connection.use_rings`, :mod:`.ring_link`).
+(:meth:`Connection.use_rings`, :mod:`.shm_link`).
 
 Invariants:
 
@@ -45,7 +45,7 @@ from ..errors import PeerLostError, ProtocolError
 from ..wire.frames import FrameDecoder, FrameSink, Header, Kind, encode_header
 from ..wire.handshake import PeerMemoryReader
 from . import cma
-from .ring_link import RingLink, RingPoller
+from .shm_link import ShmLink, ShmPoller
 
 __all__ = ["Connection", "Fold"]
 
@@ -127,7 +127,7 @@ class Connection:
         self._by_memory_from = cma.min_bytes()
         self._done_frame = encode_header(Header(Kind.DONE, 0, me, 0, 0, "uint8", (), 0))
         self._me = me
-        self.rings: RingLink | None = None  # the shared-memory rings, once offered (use_rings)
+        self.rings: ShmLink | None = None  # the shared-memory rings, once offered (use_rings)
         self.closed = False
         self.last_received = self.last_sent = loop.time()
         self._reading = False  # inside _read: a failed write must not read again
@@ -175,11 +175,11 @@ class Connection:
             self._writer_armed = True
         return future
 
-    def use_rings(self, sink: FrameSink, poller: RingPoller, capacity: int, *, accept: bool) -> None:
+    def use_rings(self, sink: FrameSink, poller: ShmPoller, capacity: int, *, accept: bool) -> None:
         """Offer the peer a shared-memory ring of ``capacity`` bytes (0: none), whose
-        frames go to ``sink``; write to the one it offers if ``accept`` (:mod:`.ring_link`)."""
+        frames go to ``sink``; write to the one it offers if ``accept`` (:mod:`.shm_link`)."""
         decoder = FrameDecoder(sink, max_payload=self._decoder.max_payload) if capacity else None
-        self.rings = RingLink(self.peer, self._me, decoder, poller, capacity, accept,
+        self.rings = ShmLink(self.peer, self._me, decoder, poller, capacity, accept,
                               self._send_on_socket, self._broken, self._heard, self._awaiting_done)
         self.rings.offer()
 

@@ -32,17 +32,17 @@ def test_the_recorder_bench_prints_both_medians_and_their_paired_difference(
 def test_the_cpu_timing_switches_both_ranks_recorders_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each timed block runs with both ranks' recorders as asked: on blocks add
     records (2 ranks x block calls), off blocks add none."""
-    from asyncdist.engine.ring import PyRing
+    from asyncdist.flight.record_ring import PyRecordRing
 
     opened: list[bool] = []
-    real_open = PyRing.open
+    real_open = PyRecordRing.open
 
-    def counting_open(self: PyRing, *args: object) -> object:
+    def counting_open(self: PyRecordRing, *args: object) -> object:
         handle = real_open(self, *args)  # type: ignore[arg-type]
         opened.append(handle is not None)
         return handle
 
-    monkeypatch.setattr(PyRing, "open", counting_open)
+    monkeypatch.setattr(PyRecordRing, "open", counting_open)
     assert recorder._cpu_pairs(block=5, pairs=0, ring="python") == {"on_us": [], "off_us": []}
     assert opened == [True] * 2 * 5  # the warm-up block
     opened.clear()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncdist.engine.dumps import Dumps
-from asyncdist.engine.recorder import Recorder
+from asyncdist.flight.dumps import Dumps
+from asyncdist.flight.recorder import Recorder
 from asyncdist.trace.analyze import analyze
 from asyncdist.trace.load import load
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from asyncdist.engine.ring import NATIVE, PyRing, Ring
+from asyncdist.flight.record_ring import NATIVE, PyRecordRing, RecordRing
 
 
 @pytest.fixture(params=[
-    pytest.param(PyRing, id="python"),
-    pytest.param(Ring, id="native", marks=pytest.mark.skipif(not NATIVE, reason="the C ring was not built")),
+    pytest.param(PyRecordRing, id="python"),
+    pytest.param(RecordRing, id="native", marks=pytest.mark.skipif(not NATIVE, reason="the C ring was not built")),
 ])
 def ring_type(request: pytest.FixtureRequest) -> type:
     """The Python ring, and the C one where it was built: both must pass the same tests."""

@@ -1,8 +1,8 @@
-"""The flight recorder's ring in C (asyncdist/engine/_ring.c); asyncdist.engine.ring.PyRing says what each method means."""
+"""The flight recorder's ring in C (asyncdist/flight/_record_ring.c); asyncdist.flight.record_ring.PyRecordRing says what each method means."""
 
 from typing import Any
 
-class Ring:
+class RecordRing:
     def __init__(self, capacity: int, ops: dict[int, dict[str, list]]) -> None: ...
     def open(
         self, kind: str, ctx: int, group: str, seq: int, desc: str, peers: tuple[int, ...], step: Any,

@@ -7,7 +7,7 @@ instead be copied once into memory the receiver maps too, and picked up by
 a receiver that is already looking, with no system call at either end. MPI
 libraries do the same for their eager messages.
 
-A :class:`Ring` is a single-producer, single-consumer ring of bytes: one
+A :class:`ShmRing` is a single-producer, single-consumer ring of bytes: one
 rank writes frames into it, its peer reads them out, in order, exactly as
 they would have come off the socket (the same
 :class:`~asyncdist.wire.frames.FrameDecoder` parses them). The memory is an
@@ -29,13 +29,13 @@ written by both:
   count the reader last acted on;
 * ``tail``: bytes written so far (whole frames only); ``wakes_sent``:
   wake-ups the writer has sent; ``switches``: how often it went over to
-  the socket, for frames that do not fit (:mod:`.ring_link`), and in one of
+  the socket, for frames that do not fit (:mod:`.shm_link`), and in one of
   :data:`SWITCH_SLOTS` slots the tail at each: the reader reads no further
   than the next switch until told, on the socket, that the writer is back
   from it (``resumed``, the reader's, counts those).
 
 The wake-ups themselves travel on the stream beside the ring
-(:mod:`.ring_link`). Deciding whether to send one is Dekker's problem: each
+(:mod:`.shm_link`). Deciding whether to send one is Dekker's problem: each
 side stores its own word, then loads the other's, and both loads must not
 see the old values. :func:`fence` orders them. The data itself needs no
 fence on x86-64, whose stores become visible in program order and whose
@@ -50,7 +50,7 @@ import platform
 import sys
 import threading
 
-__all__ = ["Ring", "fence", "supported", "CONTROL_BYTES", "SWITCH_SLOTS"]
+__all__ = ["ShmRing", "fence", "supported", "CONTROL_BYTES", "SWITCH_SLOTS"]
 
 CONTROL_BYTES = 4096
 _MAGIC = 0x676E_6972_6461_7361  # "asadring", little-endian
@@ -82,7 +82,7 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and hasattr(os, "memfd_create")
 
 
-class Ring:
+class ShmRing:
     """One direction of a shared-memory link between two processes.
 
     Make it with :meth:`create` (the reader) or :meth:`attach` (the writer).
@@ -103,7 +103,7 @@ class Ring:
         self._switches = 0  # the writer: switches made; the reader: switches resumed from
 
     @classmethod
-    def create(cls, capacity: int) -> tuple[Ring, int, bytes]:
+    def create(cls, capacity: int) -> tuple[ShmRing, int, bytes]:
         """A new ring of ``capacity`` bytes (a power of two) for this process to read.
 
         Returns the ring, the descriptor of its memory (for the writer to
@@ -129,7 +129,7 @@ class Ring:
         return ring, fd, nonce
 
     @classmethod
-    def attach(cls, pid: int, fd: int, nonce: bytes, capacity: int) -> Ring:
+    def attach(cls, pid: int, fd: int, nonce: bytes, capacity: int) -> ShmRing:
         """Open, to write, the ring that process ``pid`` made as descriptor ``fd``.
 
         Raises:

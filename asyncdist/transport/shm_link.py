@@ -1,8 +1,8 @@
 """The shared-memory side of one connection: a ring each way, rung over the socket.
 
-A :class:`RingLink` belongs to one :class:`~asyncdist.transport.stream.Connection`.
+A :class:`ShmLink` belongs to one :class:`~asyncdist.transport.stream.Connection`.
 Once both ends agree, the frames the connection sends, messages and
-control frames alike, go through the peer's :class:`~.shared_ring.Ring`
+control frames alike, go through the peer's :class:`~.shm_ring.ShmRing`
 instead of the socket whenever they can (below), and keep the one order
 they were sent in. The socket stays: it carries the agreement, the frames
 that cannot go through the ring, the rare wake-up, and the end of the
@@ -51,10 +51,10 @@ from typing import Callable, Mapping, Sequence
 from ..errors import PeerLostError, ProtocolError
 from ..wire.frames import FrameDecoder, Header, Kind, encode_header
 from . import cma
-from .shared_ring import Ring, supported
+from .shm_ring import ShmRing, supported
 from .spinning import may_spin
 
-__all__ = ["RingLink", "RingPoller", "ring_bytes", "SHM_ENV", "RING_BYTES_ENV"]
+__all__ = ["ShmLink", "ShmPoller", "shm_ring_bytes", "SHM_ENV", "RING_BYTES_ENV"]
 
 log = logging.getLogger("asyncdist.transport")
 
@@ -72,7 +72,7 @@ _INBOUND_BUDGET_BYTES = 8 << 20
 _MIN_DEFAULT_RING_BYTES = 16 * 1024
 
 
-def ring_bytes(world_size: int = 2, environ: Mapping[str, str] = os.environ) -> int:
+def shm_ring_bytes(world_size: int = 2, environ: Mapping[str, str] = os.environ) -> int:
     """The capacity of the ring each rank offers each peer; 0: no rings.
 
     By default :data:`DEFAULT_RING_BYTES`, less where ``world_size`` ranks'
@@ -94,7 +94,7 @@ def ring_bytes(world_size: int = 2, environ: Mapping[str, str] = os.environ) -> 
     return value
 
 
-class RingPoller:
+class ShmPoller:
     """Reads every ring of one rank each turn of the loop, for ``spin``
     seconds after the last traffic, so that frames arriving meanwhile are
     taken without a wake-up; then tells the writers to ring again and stops.
@@ -110,18 +110,18 @@ class RingPoller:
     def __init__(self, loop: asyncio.AbstractEventLoop, spin: float) -> None:
         self._loop = loop
         self.spin = spin
-        self._links: list[RingLink] = []
+        self._links: list[ShmLink] = []
         self._busy = False  # traffic since the last look: polling goes on
         self._until = 0.0
         self._handle: asyncio.Handle | None = None
 
-    def add(self, link: RingLink) -> None:
+    def add(self, link: ShmLink) -> None:
         """Read ``link``'s ring too; a new ring is traffic (its writer may be writing now)."""
         self._links.append(link)
         link.set_polling(self._handle is not None)
         self.activity()
 
-    def remove(self, link: RingLink) -> None:
+    def remove(self, link: ShmLink) -> None:
         if link in self._links:
             self._links.remove(link)
 
@@ -167,7 +167,7 @@ class RingPoller:
             self._handle = None
 
 
-class RingLink:
+class ShmLink:
     """The rings of one connection, and their agreement (see the module doc).
 
     Args:
@@ -193,7 +193,7 @@ class RingLink:
         peer: int,
         me: int,
         decoder: FrameDecoder | None,
-        poller: RingPoller,
+        poller: ShmPoller,
         capacity: int,
         accept: bool,
         send_on_socket: Callable[[bytes, memoryview | None], asyncio.Future | None],
@@ -211,10 +211,10 @@ class RingLink:
         self._poller = poller
         self._capacity = capacity
         self._accept = accept
-        self._in: Ring | None = None  # the ring the peer writes: read once accepted
+        self._in: ShmRing | None = None  # the ring the peer writes: read once accepted
         self._offered_fd = -1  # its memory's descriptor, until the peer opened it
         self.reading = False
-        self._out: Ring | None = None  # the peer's ring, which this rank writes
+        self._out: ShmRing | None = None  # the peer's ring, which this rank writes
         self._switched = 0  # the switch to the socket this rank's frames are under (0: none)
         self._draining = False
         self._wake = encode_header(Header(Kind.WAKE, 0, me, 0, 0, "uint8", (), 0))
@@ -235,7 +235,7 @@ class RingLink:
         if not self._capacity:
             return
         try:
-            self._in, self._offered_fd, nonce = Ring.create(self._capacity)
+            self._in, self._offered_fd, nonce = ShmRing.create(self._capacity)
         except OSError as exc:
             log.info("rank %d: no shared-memory ring for rank %d: %s", self._me, self.peer, exc)
             return
@@ -267,7 +267,7 @@ class RingLink:
             return
         try:
             (capacity,) = header.shape
-            ring = Ring.attach(header.ctx, header.tag, bytes.fromhex(header.op), capacity)
+            ring = ShmRing.attach(header.ctx, header.tag, bytes.fromhex(header.op), capacity)
         except (OSError, ValueError) as exc:
             log.debug("rank %d cannot write rank %d's ring: %s", self._me, self.peer, exc)
             self._send(_REFUSED)

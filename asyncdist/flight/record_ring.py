@@ -1,16 +1,16 @@
 """The flight recorder's ring: where every operation is recorded, in C or in Python.
 
 This is the recorder's hot path, separate from what reads it
-(:mod:`asyncdist.engine.recorder`): each operation calls :meth:`Ring.open`
-as it is posted, :meth:`Ring.start` as its messages begin to flow and
-:meth:`Ring.end` as it completes or fails, with the handle ``open`` returned.
+(:mod:`asyncdist.flight.recorder`): each operation calls :meth:`RecordRing.open`
+as it is posted, :meth:`RecordRing.start` as its messages begin to flow and
+:meth:`RecordRing.end` as it completes or fails, with the handle ``open`` returned.
 ``end`` also counts the operation into its description's counter in ``ops``
 (``[count, seconds]``, for ``stats()``). The ring keeps the last
 ``capacity`` records and knows no names of collectives.
 
-:data:`Ring` is the C ring (``asyncdist/engine/_ring.c``) where it was built
+:data:`RecordRing` is the C ring (``asyncdist/flight/_record_ring.c``) where it was built
 at install (a C compiler, and Linux or Python 3.13+, whose clock API it
-reads), else :class:`PyRing`, this module's Python one. They pass the
+reads), else :class:`PyRecordRing`, this module's Python one. They pass the
 same tests and differ in cost: 0.5-0.9 us of CPU per 8-byte all_reduce
 and rank in C, 2-2.7 us in Python (docs/benchmarks.md, "Flight recorder
 cost"). A record in Python is a list the ring keeps, and freeing it 2000
@@ -26,11 +26,11 @@ from __future__ import annotations
 import time
 from typing import Any, List, Optional
 
-__all__ = ["CLOCK", "Entry", "FIELDS", "NATIVE", "PyRing", "Ring"]
+__all__ = ["CLOCK", "Entry", "FIELDS", "NATIVE", "PyRecordRing", "RecordRing"]
 
 #: The clock of every time in the record: the loop's (``loop.time()`` is ``time.monotonic()``).
 CLOCK = time.monotonic
-#: One recorded operation as :meth:`Ring.entries` gives it: a list whose fields are at these indices.
+#: One recorded operation as :meth:`RecordRing.entries` gives it: a list whose fields are at these indices.
 Entry = List[Any]
 #: The fields of an :data:`Entry`, in order, as a dump names them:
 #: serial (the rank's count of operations when it began); kind ("collective",
@@ -48,7 +48,7 @@ FIELDS = ("serial", "kind", "ctx", "group", "seq", "desc", "peers", "step", "dty
 _STAT = len(FIELDS)
 
 
-class PyRing:
+class PyRecordRing:
     """The last ``capacity`` operations, counted into ``ops`` as they end.
 
     Args:
@@ -127,10 +127,10 @@ class PyRing:
 
 
 try:
-    from ._ring import Ring as _NativeRing
+    from ._record_ring import RecordRing as _NativeRing
 except ImportError:  # not built at install (no compiler): the Python ring serves
-    Ring: type = PyRing
+    RecordRing: type = PyRecordRing
     NATIVE = False
 else:
-    Ring = _NativeRing
+    RecordRing = _NativeRing
     NATIVE = True

@@ -7,11 +7,11 @@ from typing import Any, Callable
 
 import pytest
 
-from asyncdist.engine.counters import Counters
-from asyncdist.engine.descriptions import Described, parse, short
-from asyncdist.engine.recorder import Recorder, as_dict, capacity_from_env, state_of
-from asyncdist.engine.ring import ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, Entry
-from asyncdist.engine.whereabouts import hang_warn_from_env
+from asyncdist.flight.counters import Counters
+from asyncdist.flight.descriptions import Described, parse, short
+from asyncdist.flight.recorder import Recorder, as_dict, capacity_from_env, state_of
+from asyncdist.flight.record_ring import ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, Entry
+from asyncdist.flight.whereabouts import hang_warn_from_env
 from asyncdist.errors import InvalidArgumentError
 
 @pytest.fixture

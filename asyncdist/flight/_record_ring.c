@@ -1,8 +1,8 @@
 /* The flight recorder's ring in C: the part that runs for every operation.
  *
- * asyncdist/engine/ring.py holds the same ring in Python (PyRing), the
+ * asyncdist/flight/record_ring.py holds the same ring in Python (PyRecordRing), the
  * fallback where this did not build, and says what each method means; the
- * two pass the same tests (tests/engine/test_ring.py). This one exists for
+ * two pass the same tests (tests/flight/test_record_ring.py). This one exists for
  * speed alone: a record is a C struct in a preallocated array, so an
  * operation allocates no Python object but its serial number, and the ring
  * frees nothing cold when it overwrites a record (the Python ring's lists
@@ -51,7 +51,7 @@ typedef struct {
     PyObject *evicted; /* serial -> (stat, posted): records overwritten while still open */
     long long last_ctx;
     PyObject *last_desc, *last_stat; /* the last operation's: the next is most often the same call */
-} Ring;
+} RecordRing;
 
 /* time.monotonic(), the loop's clock, read as Python reads it: through its
  * public clock API from 3.13, and before that where it is CLOCK_MONOTONIC
@@ -83,7 +83,7 @@ static PyObject *as_float_or_none(double value) {
 static PyObject *ref_or_none(PyObject *obj) { return Py_NewRef(obj != NULL ? obj : Py_None); }
 
 /* The record of `serial`, or NULL if the ring has overwritten it (or never held it). */
-static Record *find(Ring *self, long long serial) {
+static Record *find(RecordRing *self, long long serial) {
     if (serial < 0 || serial >= self->count || serial < self->count - self->capacity) return NULL;
     Record *r = &self->records[serial % self->capacity];
     return r->serial == serial ? r : NULL;
@@ -111,17 +111,17 @@ static int count_into(PyObject *stat, double seconds) {
     return 0;
 }
 
-static int Ring_init(Ring *self, PyObject *args, PyObject *kwds) {
+static int Ring_init(RecordRing *self, PyObject *args, PyObject *kwds) {
     static char *keywords[] = {"capacity", "ops", NULL};
     Py_ssize_t capacity;
     PyObject *ops;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO!:Ring", keywords, &capacity, &PyDict_Type, &ops)) return -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO!:RecordRing", keywords, &capacity, &PyDict_Type, &ops)) return -1;
     if (capacity < 0) {
         PyErr_SetString(PyExc_ValueError, "capacity must be >= 0");
         return -1;
     }
     if (self->records != NULL) {
-        PyErr_SetString(PyExc_TypeError, "a Ring is initialised once");
+        PyErr_SetString(PyExc_TypeError, "a RecordRing is initialised once");
         return -1;
     }
     self->records = PyMem_Calloc(capacity ? capacity : 1, sizeof(Record));
@@ -137,7 +137,7 @@ static int Ring_init(Ring *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-static int Ring_traverse(Ring *self, visitproc visit, void *arg) {
+static int Ring_traverse(RecordRing *self, visitproc visit, void *arg) {
     for (Py_ssize_t i = 0; self->records != NULL && i < self->capacity; i++) {
         PyObject **objects[RECORD_OBJECTS];
         record_objects(&self->records[i], objects);
@@ -151,7 +151,7 @@ static int Ring_traverse(Ring *self, visitproc visit, void *arg) {
 }
 
 /* Cleared (by the garbage collector, breaking a cycle), a ring records and finds nothing. */
-static int Ring_clear(Ring *self) {
+static int Ring_clear(RecordRing *self) {
     Py_ssize_t capacity = self->capacity;
     self->capacity = 0;
     for (Py_ssize_t i = 0; self->records != NULL && i < capacity; i++) {
@@ -166,7 +166,7 @@ static int Ring_clear(Ring *self) {
     return 0;
 }
 
-static void Ring_dealloc(Ring *self) {
+static void Ring_dealloc(RecordRing *self) {
     PyObject_GC_UnTrack(self);
     Ring_clear(self);
     PyMem_Free(self->records);
@@ -174,7 +174,7 @@ static void Ring_dealloc(Ring *self) {
 }
 
 /* The counter of (ctx, desc) in ops, made at its first operation (a new reference). */
-static PyObject *stat_of(Ring *self, PyObject *ctx, PyObject *desc) {
+static PyObject *stat_of(RecordRing *self, PyObject *ctx, PyObject *desc) {
     PyObject *fresh = PyDict_New();
     if (fresh == NULL) return NULL;
     PyObject *by_desc = PyDict_SetDefault(self->ops, ctx, fresh); /* borrowed */
@@ -188,7 +188,7 @@ static PyObject *stat_of(Ring *self, PyObject *ctx, PyObject *desc) {
 }
 
 /* The record in `r` is overwritten while its operation is open: keep what its end counts. */
-static int evict_open(Ring *self, Record *r) {
+static int evict_open(RecordRing *self, Record *r) {
     PyObject *key = PyLong_FromLongLong(r->serial);
     PyObject *value = Py_BuildValue("(Od)", r->stat, r->posted);
     int failed = key == NULL || value == NULL || PyDict_SetItem(self->evicted, key, value) < 0;
@@ -208,7 +208,7 @@ static int as_double(PyObject *obj, double *out) {
 }
 
 /* open(kind, ctx, group, seq, desc, peers, step, posted, started=None, nbytes=-1, /) -> serial | None */
-static PyObject *Ring_open(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_open(RecordRing *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 8 || nargs > 10) {
         PyErr_Format(PyExc_TypeError, "open() takes from 8 to 10 positional arguments (%zd given)", nargs);
         return NULL;
@@ -263,7 +263,7 @@ static PyObject *Ring_open(Ring *self, PyObject *const *args, Py_ssize_t nargs) 
     return handle;
 }
 
-static PyObject *Ring_start(Ring *self, PyObject *handle) {
+static PyObject *Ring_start(RecordRing *self, PyObject *handle) {
     long long serial;
     if (as_long_long(handle, &serial) < 0) return NULL;
     Record *r = find(self, serial);
@@ -272,7 +272,7 @@ static PyObject *Ring_start(Ring *self, PyObject *handle) {
 }
 
 /* end(handle, error=None, /) -> bool */
-static PyObject *Ring_end(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_end(RecordRing *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
         PyErr_Format(PyExc_TypeError, "end() takes 1 or 2 positional arguments (%zd given)", nargs);
         return NULL;
@@ -319,7 +319,7 @@ static PyObject *record_as_list(Record *r) {
                          as_float_or_none(r->ended), ref_or_none(r->error), ref_or_none(r->awaited));
 }
 
-static PyObject *Ring_entries(Ring *self, PyObject *Py_UNUSED(ignored)) {
+static PyObject *Ring_entries(RecordRing *self, PyObject *Py_UNUSED(ignored)) {
     PyObject *entries = PyList_New(0);
     if (entries == NULL) return NULL;
     long long first = self->count > self->capacity ? self->count - self->capacity : 0;
@@ -335,7 +335,7 @@ static PyObject *Ring_entries(Ring *self, PyObject *Py_UNUSED(ignored)) {
     return entries;
 }
 
-static PyObject *Ring_note_awaited(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *Ring_note_awaited(RecordRing *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "note_awaited() takes 2 positional arguments (%zd given)", nargs);
         return NULL;
@@ -347,9 +347,9 @@ static PyObject *Ring_note_awaited(Ring *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-static PyObject *Ring_get_recorded(Ring *self, void *Py_UNUSED(closure)) { return PyLong_FromLongLong(self->count); }
+static PyObject *Ring_get_recorded(RecordRing *self, void *Py_UNUSED(closure)) { return PyLong_FromLongLong(self->count); }
 
-static PyObject *Ring_get_capacity(Ring *self, void *Py_UNUSED(closure)) { return PyLong_FromSsize_t(self->capacity); }
+static PyObject *Ring_get_capacity(RecordRing *self, void *Py_UNUSED(closure)) { return PyLong_FromSsize_t(self->capacity); }
 
 static PyMethodDef Ring_methods[] = {
     {"open", (PyCFunction)(void (*)(void))Ring_open, METH_FASTCALL,
@@ -372,9 +372,9 @@ static PyGetSetDef Ring_getset[] = {
 
 static PyTypeObject RingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asyncdist.engine._ring.Ring",
-    .tp_doc = "Ring(capacity, ops)\n--\n\nThe last `capacity` operations, counted into `ops` as they end.",
-    .tp_basicsize = sizeof(Ring),
+    .tp_name = "asyncdist.flight._record_ring.RecordRing",
+    .tp_doc = "RecordRing(capacity, ops)\n--\n\nThe last `capacity` operations, counted into `ops` as they end.",
+    .tp_basicsize = sizeof(RecordRing),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Ring_init,
@@ -386,15 +386,15 @@ static PyTypeObject RingType = {
 };
 
 static struct PyModuleDef ring_module = {
-    PyModuleDef_HEAD_INIT, .m_name = "asyncdist.engine._ring",
-    .m_doc = "The flight recorder's ring in C (see asyncdist.engine.ring).", .m_size = -1,
+    PyModuleDef_HEAD_INIT, .m_name = "asyncdist.flight._record_ring",
+    .m_doc = "The flight recorder's ring in C (see asyncdist.flight.record_ring).", .m_size = -1,
 };
 
-PyMODINIT_FUNC PyInit__ring(void) {
+PyMODINIT_FUNC PyInit__record_ring(void) {
     if (PyType_Ready(&RingType) < 0) return NULL;
     PyObject *module = PyModule_Create(&ring_module);
     if (module == NULL) return NULL;
-    if (PyModule_AddObjectRef(module, "Ring", (PyObject *)&RingType) < 0) {
+    if (PyModule_AddObjectRef(module, "RecordRing", (PyObject *)&RingType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

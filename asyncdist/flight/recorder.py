@@ -6,7 +6,7 @@ operations (``ASYNCDIST_TRACE_BUFFER``, default 2000; 0 turns it off), each
 with its group and call number, the call's description as the group layer
 wrote it ("all_reduce(sum, float32[4])"), the peers, the time of each state
 change (posted, started, completed or failed) and the error. A dump
-(:mod:`asyncdist.engine.dumps`) writes it as JSON; ``asyncdist-trace``
+(:mod:`asyncdist.flight.dumps`) writes it as JSON; ``asyncdist-trace``
 merges the dumps of every rank.
 
 It must not know the names of collectives: the group layer hands it a
@@ -14,7 +14,7 @@ description and the engine stores it. Parsing the description (op, root,
 dtype, shape, bytes) happens when a dump is read, never on the hot path.
 
 The ring the operations are recorded in, on the hot path, is
-:mod:`asyncdist.engine.ring` (in C where it was built); this module is what
+:mod:`asyncdist.flight.record_ring` (in C where it was built); this module is what
 reads it and what the failure paths add: the state of each record, the
 peers lost, the hang questions' answers, what open operations waited on as
 a failure happened. No formatting, no parsing, no batch work on the hot
@@ -29,8 +29,8 @@ import os
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from .ring import (
-    CLOCK, CTX, ENDED_AT, ERROR, FIELDS, POSTED_AT, SERIAL, STARTED_AT, STEP, Entry, Ring,
+from .record_ring import (
+    CLOCK, CTX, ENDED_AT, ERROR, FIELDS, POSTED_AT, SERIAL, STARTED_AT, STEP, Entry, RecordRing,
 )  # fmt: skip
 
 __all__ = [
@@ -92,18 +92,18 @@ class Recorder:
     Args:
         rank: this rank (global).
         capacity: operations kept; 0 records nothing (the ring's ``open`` returns None).
-        ops: where ended operations are counted (:class:`~asyncdist.engine.counters.Counters`' ``ops``).
-        ring: the ring's type (:data:`~asyncdist.engine.ring.Ring`: the C one where it was built).
+        ops: where ended operations are counted (:class:`~asyncdist.flight.counters.Counters`' ``ops``).
+        ring: the ring's type (:data:`~asyncdist.flight.record_ring.RecordRing`: the C one where it was built).
 
     Attributes:
         ring: where operations are recorded: the hot path calls its ``open``,
-            ``start`` and ``end`` itself (:mod:`asyncdist.engine.ring`).
+            ``start`` and ``end`` itself (:mod:`asyncdist.flight.record_ring`).
     """
 
     __slots__ = ("rank", "ring", "clock", "lost", "heard", "ops")
 
     def __init__(
-        self, rank: int, capacity: int, ops: dict[int, dict[str, list]] | None = None, ring: type = Ring
+        self, rank: int, capacity: int, ops: dict[int, dict[str, list]] | None = None, ring: type = RecordRing
     ) -> None:
         self.rank = rank
         #: context -> description -> [count, seconds] of the operations that ended

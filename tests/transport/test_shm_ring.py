@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from asyncdist.transport.shared_ring import CONTROL_BYTES, SWITCH_SLOTS, Ring, supported
+from asyncdist.transport.shm_ring import CONTROL_BYTES, SWITCH_SLOTS, ShmRing, supported
 
 pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64")
 
@@ -24,21 +24,21 @@ CAPACITY = 4096
 
 @pytest.fixture
 def ring_pair():
-    reader, fd, nonce = Ring.create(CAPACITY)
-    writer = Ring.attach(os.getpid(), fd, nonce, CAPACITY)
+    reader, fd, nonce = ShmRing.create(CAPACITY)
+    writer = ShmRing.attach(os.getpid(), fd, nonce, CAPACITY)
     os.close(fd)
     yield reader, writer
     writer.close()
     reader.close()
 
 
-def _read(reader: Ring, n: int) -> bytes:
+def _read(reader: ShmRing, n: int) -> bytes:
     out = bytearray(n)
     assert reader.get(memoryview(out), n) == n
     return bytes(out)
 
 
-def _put_what_fits(writer: Ring, chunk: memoryview) -> int:
+def _put_what_fits(writer: ShmRing, chunk: memoryview) -> int:
     n = chunk.nbytes
     while n and not writer.fits(n):
         n -= 1
@@ -130,16 +130,16 @@ def test_a_writer_rings_once_until_the_reader_acts_and_never_while_it_polls(ring
 
 
 def test_only_the_offered_ring_can_be_opened() -> None:
-    reader, fd, nonce = Ring.create(CAPACITY)
+    reader, fd, nonce = ShmRing.create(CAPACITY)
     try:
         with pytest.raises(OSError, match="not the ring offered"):
-            Ring.attach(os.getpid(), fd, bytes(16), CAPACITY)
+            ShmRing.attach(os.getpid(), fd, bytes(16), CAPACITY)
         with pytest.raises(OSError, match="not a ring of"):
-            Ring.attach(os.getpid(), fd, nonce, 2 * CAPACITY)
+            ShmRing.attach(os.getpid(), fd, nonce, 2 * CAPACITY)
         with pytest.raises(OSError, match="malformed ring offer"):
-            Ring.attach(os.getpid(), fd, nonce, 3000)
+            ShmRing.attach(os.getpid(), fd, nonce, 3000)
         with pytest.raises(OSError):
-            Ring.attach(os.getpid(), 987654, nonce, CAPACITY)  # no such descriptor
+            ShmRing.attach(os.getpid(), 987654, nonce, CAPACITY)  # no such descriptor
     finally:
         os.close(fd)
         reader.close()
@@ -148,11 +148,11 @@ def test_only_the_offered_ring_can_be_opened() -> None:
 @pytest.mark.parametrize("capacity", [1000, 2048, 6144])
 def test_a_capacity_must_be_a_power_of_two_of_a_page_or_more(capacity: int) -> None:
     with pytest.raises(ValueError, match="power of two"):
-        Ring.create(capacity)
+        ShmRing.create(capacity)
 
 
 def _write_from_child(pid: int, fd: int, nonce: bytes, total: int) -> None:
-    writer = Ring.attach(pid, fd, nonce, CAPACITY)
+    writer = ShmRing.attach(pid, fd, nonce, CAPACITY)
     data = (np.arange(total, dtype=np.uint64) % 251).astype(np.uint8).tobytes()
     view, sent = memoryview(data), 0
     while sent < total:  # spins on a full ring: the parent reads meanwhile
@@ -163,7 +163,7 @@ def _write_from_child(pid: int, fd: int, nonce: bytes, total: int) -> None:
 
 def test_another_process_writes_what_this_one_reads() -> None:
     total = 50 * CAPACITY
-    reader, fd, nonce = Ring.create(CAPACITY)
+    reader, fd, nonce = ShmRing.create(CAPACITY)
     child = multiprocessing.get_context("fork").Process(target=_write_from_child, args=(os.getpid(), fd, nonce, total))
     child.start()
     received = bytearray()
@@ -182,7 +182,7 @@ def test_another_process_writes_what_this_one_reads() -> None:
 
 
 def test_the_memory_is_one_page_of_control_and_the_data() -> None:
-    reader, fd, _ = Ring.create(CAPACITY)
+    reader, fd, _ = ShmRing.create(CAPACITY)
     try:
         assert os.fstat(fd).st_size == CONTROL_BYTES + CAPACITY
     finally:

@@ -5,7 +5,7 @@ prints them per row. Per-peer traffic is counted where every message passes
 (the engine's send, each connection's inbox): two list increments, no
 allocation. Operations and the time spent in them are counted by the flight
 recorder's ring as each ends, into the counter of its description
-(:mod:`asyncdist.engine.ring`), so they need the recorder on
+(:mod:`asyncdist.flight.record_ring`), so they need the recorder on
 (``ASYNCDIST_TRACE_BUFFER`` > 0).
 
 Loop thread only (a reader on another thread gets a moment-stale copy).

@@ -19,8 +19,8 @@ import pytest
 from asyncdist.engine import engine as engine_module
 from asyncdist.errors import PeerLostError
 from asyncdist.testing import crash, local_world, spawn
-from asyncdist.transport import ring_link, spinning
-from asyncdist.transport.shared_ring import supported
+from asyncdist.transport import shm_link, spinning
+from asyncdist.transport.shm_ring import supported
 
 pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64")
 
@@ -35,11 +35,11 @@ def polling(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def small_rings(monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setenv(ring_link.RING_BYTES_ENV, str(SMALL_RING))
+    monkeypatch.setenv(shm_link.RING_BYTES_ENV, str(SMALL_RING))
     return SMALL_RING
 
 
-def _links(ranks) -> dict[tuple[int, int], ring_link.RingLink | None]:
+def _links(ranks) -> dict[tuple[int, int], shm_link.ShmLink | None]:
     return {(r.rank, peer): c.rings for r in ranks for peer, c in r.engine._connections.items()}
 
 
@@ -89,8 +89,8 @@ async def test_collectives_over_small_rings_match_numpy(small_rings: int, n: int
 
 
 async def test_a_rank_without_rings_refuses_them_and_keeps_the_socket(monkeypatch: pytest.MonkeyPatch) -> None:
-    sizes = iter([ring_link.DEFAULT_RING_BYTES, 0, ring_link.DEFAULT_RING_BYTES])  # one rank: ASYNCDIST_SHM=0
-    monkeypatch.setattr(engine_module, "ring_bytes", lambda world_size: next(sizes))
+    sizes = iter([shm_link.DEFAULT_RING_BYTES, 0, shm_link.DEFAULT_RING_BYTES])  # one rank: ASYNCDIST_SHM=0
+    monkeypatch.setattr(engine_module, "shm_ring_bytes", lambda world_size: next(sizes))
     async with local_world(3) as ranks:
         (without,) = [r.rank for r in ranks if not r.engine._ring_bytes]
         for (rank, peer), link in _links(ranks).items():
@@ -146,13 +146,13 @@ async def test_a_rank_takes_frames_from_its_rings_without_wake_ups_while_it_poll
 ) -> None:
     monkeypatch.setattr(engine_module, "spin_seconds", lambda: 10.0)  # poll throughout the test
     rung: list[int] = []
-    original = ring_link.RingLink._ring_peer
+    original = shm_link.ShmLink._ring_peer
 
-    def counting(self: ring_link.RingLink) -> None:
+    def counting(self: shm_link.ShmLink) -> None:
         rung.append(self.peer)
         original(self)
 
-    monkeypatch.setattr(ring_link.RingLink, "_ring_peer", counting)
+    monkeypatch.setattr(shm_link.ShmLink, "_ring_peer", counting)
     async with local_world(2) as (a, b):
         x = np.arange(4, dtype=np.float32)
         for i in range(50):
@@ -164,29 +164,29 @@ async def test_a_rank_takes_frames_from_its_rings_without_wake_ups_while_it_poll
 
 @pytest.mark.parametrize(("world_size", "capacity"), [(2, 1 << 20), (9, 1 << 20), (17, 512 << 10), (33, 256 << 10), (64, 128 << 10), (1000, 16 << 10)])
 def test_ranks_of_a_large_job_offer_smaller_rings(world_size: int, capacity: int) -> None:
-    assert ring_link.ring_bytes(world_size, {}) == capacity
-    assert ring_link.ring_bytes(world_size, {ring_link.RING_BYTES_ENV: "8192"}) == 8192
-    assert ring_link.ring_bytes(world_size, {ring_link.SHM_ENV: "0"}) == 0
+    assert shm_link.shm_ring_bytes(world_size, {}) == capacity
+    assert shm_link.shm_ring_bytes(world_size, {shm_link.RING_BYTES_ENV: "8192"}) == 8192
+    assert shm_link.shm_ring_bytes(world_size, {shm_link.SHM_ENV: "0"}) == 0
 
 
 @pytest.mark.parametrize("text", ["1000", "6144", "lots", "-4096"])
 def test_a_ring_size_that_is_no_power_of_two_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="ASYNCDIST_SHM_RING_BYTES must be a power of two"):
-        ring_link.ring_bytes(2, {ring_link.RING_BYTES_ENV: text})
+        shm_link.shm_ring_bytes(2, {shm_link.RING_BYTES_ENV: text})
 
 
 def _ping_pong_between_processes(rounds: int) -> tuple[list[str], bool, int]:
     import asyncdist as dist
-    from asyncdist.transport.shared_ring import Ring
+    from asyncdist.transport.shm_ring import ShmRing
 
     published: list[int] = []
-    original = Ring.publish
+    original = ShmRing.publish
 
-    def counting(self: Ring) -> None:
+    def counting(self: ShmRing) -> None:
         published.append(1)
         original(self)
 
-    Ring.publish = counting  # type: ignore[method-assign]  # this rank's process only: frames into a ring
+    ShmRing.publish = counting  # type: ignore[method-assign]  # this rank's process only: frames into a ring
     dist.init_process_group()
     rank, peer = dist.get_rank(), 1 - dist.get_rank()
     problems, same_host = [], False
@@ -215,7 +215,7 @@ def _ping_pong_between_processes(rounds: int) -> tuple[list[str], bool, int]:
 @pytest.mark.parametrize("ring", ["small", "default"])
 def test_processes_exchange_messages_through_rings(ring: str) -> None:
     rounds = 150
-    env = {ring_link.RING_BYTES_ENV: str(SMALL_RING)} if ring == "small" else {}
+    env = {shm_link.RING_BYTES_ENV: str(SMALL_RING)} if ring == "small" else {}
     for problems, same_host, ring_messages in spawn(2, _ping_pong_between_processes, rounds, env=env):
         assert problems == []
         assert same_host
@@ -261,7 +261,7 @@ async def test_ring_frames_written_before_a_socket_frame_are_read_before_it(smal
 
 
 class _CountingLink:
-    """Stands in for a RingLink: counts the poller's looks and what it says about polling."""
+    """Stands in for a ShmLink: counts the poller's looks and what it says about polling."""
 
     def __init__(self) -> None:
         self.looks, self.polling = 0, []
@@ -286,7 +286,7 @@ def _poll_in_a_thread(forbidden: bool) -> tuple[int, list[bool]]:
             spinning.forbid_spinning_here()
         loop = asyncio.new_event_loop()
         link = _CountingLink()
-        poller = ring_link.RingPoller(loop, 0.002)
+        poller = shm_link.ShmPoller(loop, 0.002)
         poller.add(link)  # type: ignore[arg-type]
         poller.activity()
         for _ in range(1_000_000):  # it polls until 2 ms after the last traffic, then stops

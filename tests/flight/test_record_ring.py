@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from asyncdist.engine.progress import Awaited
-from asyncdist.engine.recorder import Recorder, as_dict
-from asyncdist.engine.ring import (
-    AWAITED, ENDED_AT, FIELDS, NATIVE, POSTED_AT, SEQ, STARTED_AT, STEP, Entry, PyRing, Ring,
+from asyncdist.flight.recorder import Recorder, as_dict
+from asyncdist.flight.record_ring import (
+    AWAITED, ENDED_AT, FIELDS, NATIVE, POSTED_AT, SEQ, STARTED_AT, STEP, Entry, PyRecordRing, RecordRing,
 )  # fmt: skip
 from asyncdist.errors import InvalidArgumentError
 
@@ -58,7 +58,7 @@ def _play(ring_type: type, seed: int) -> tuple[list[Entry], dict, list[bool]]:
 @native_only
 @pytest.mark.parametrize("seed", range(20))
 def test_the_c_ring_records_what_the_python_ring_does(seed: int) -> None:
-    assert _play(Ring, seed) == _play(PyRing, seed)
+    assert _play(RecordRing, seed) == _play(PyRecordRing, seed)
 
 
 def test_an_entry_is_a_snapshot_with_every_field(ring_type: type) -> None:
@@ -142,7 +142,7 @@ def test_a_ring_lets_go_of_everything_it_held(ring_type: type) -> None:
 
 @native_only
 def test_the_c_ring_refuses_bad_arguments() -> None:
-    ring = Ring(4, {})
+    ring = RecordRing(4, {})
     with pytest.raises(TypeError, match="from 8 to 10 positional arguments"):
         ring.open("collective", 1, "world", 1, "barrier")
     with pytest.raises(TypeError, match="desc must be a str"):
@@ -150,8 +150,8 @@ def test_the_c_ring_refuses_bad_arguments() -> None:
     with pytest.raises(TypeError):
         ring.open("collective", "one", "world", 1, "barrier", (0, 1), None, 0.0)
     with pytest.raises(ValueError, match="capacity must be >= 0"):
-        Ring(-1, {})
+        RecordRing(-1, {})
     with pytest.raises(TypeError):
-        Ring(4, [])
+        RecordRing(4, [])
     assert ring.recorded == 0 and ring.entries() == []
     assert ring.end(123) is False  # never opened: nothing to end
