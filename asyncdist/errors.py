@@ -52,6 +52,7 @@ __all__ = [
     "adopt_torch_bases",
     "AsyncDistError",
     "InvalidArgumentError",
+    "ConfigurationError",
     "InvalidRankError",
     "BufferMismatchError",
     "UnsupportedBufferError",
@@ -156,6 +157,11 @@ class AsyncDistError(DistError):
 
 class InvalidArgumentError(AsyncDistError, ValueError):
     """An argument is out of range or of the wrong kind (caught locally)."""
+
+
+class ConfigurationError(InvalidArgumentError):
+    """An environment variable has a value asyncdist cannot use; the message
+    names the variable, the value and what it must be (:mod:`asyncdist.settings`)."""
 
 
 class InvalidRankError(InvalidArgumentError):

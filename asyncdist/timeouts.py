@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
-from typing import Mapping
 
 from .errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_TIMEOUT", "as_seconds", "seconds_from_env"]
+__all__ = ["DEFAULT_TIMEOUT", "as_seconds"]
 
 #: torch.distributed's default timeout for process groups (30 minutes).
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -45,21 +44,3 @@ def as_seconds(timeout: timedelta | float | None, *, default: float, what: str, 
         raise InvalidArgumentError(f"{what} must be {bound}, got {timeout!r}")
     return value
 
-
-def seconds_from_env(environ: Mapping[str, str], name: str, default: float, *, finite: bool = True) -> float:
-    """The environment variable ``name`` as seconds >= 0 (``0`` usually: off);
-    ``default`` when it is unset or blank. ``finite``: refuse ``inf`` too.
-
-    Raises:
-        InvalidArgumentError: not such a number (NaN included).
-    """
-    text = environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or (finite and math.isinf(seconds)):
-        raise InvalidArgumentError(f"{name} must be a number of seconds >= 0, got {text!r}")
-    return seconds

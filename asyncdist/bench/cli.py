@@ -37,6 +37,7 @@ import sys
 import traceback
 from typing import Any, Sequence
 
+from .. import settings
 from ..loop.thread import LOOP_ENV
 from . import floor, mpi, plot, report, scale
 from .cases import CASES, jobs
@@ -163,7 +164,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _loop_kind(choice: str) -> str:
     """The event loop the asyncdist ranks will run."""
-    if choice == "asyncio" or os.environ.get(LOOP_ENV, "").lower() == "asyncio":
+    if choice == "asyncio" or settings.current().loop == "asyncio":
         return "asyncio"
     return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
 

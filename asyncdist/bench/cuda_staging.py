@@ -41,6 +41,7 @@ import tempfile
 import time
 from typing import Any, Callable, Collection, Sequence
 
+from .. import settings
 from ..testing.spawn import spawn
 from .cases import CASES, Point
 from .ddp import TrainingStep, build_step
@@ -133,7 +134,7 @@ def _rank(path: str, store_file: str, device_kind: str, cases: list[tuple[str, i
             import asyncdist.torch_backend  # noqa: F401 (registers the backend, as its entry point does)
     else:
         import asyncdist as d  # type: ignore[no-redef]
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, n = int(settings.current().environ["RANK"]), int(settings.current().environ["WORLD_SIZE"])
     sync: Callable[[], None]
     if device_kind == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable, Iterator
 
+from .. import settings
 from .cases import CASES, Calls, Point, job_dtype, zeros
 from .plan import OVERHEAD_MAX_BYTES, Job, Plan
 from .progress import Progress
@@ -180,7 +180,7 @@ def torch_rank(plan: Plan, init_file: str, backend: str) -> list[Sample]:
     if backend == "asyncdist":
         import asyncdist.torch_backend  # noqa: F401  registers the backend
 
-    rank = int(os.environ["RANK"])
+    rank = int(settings.current().environ["RANK"])
     dist.init_process_group(backend, init_method=Path(init_file).as_uri(), rank=rank, world_size=plan.world_size)
     try:
         return blocking_jobs(dist, plan, rank)

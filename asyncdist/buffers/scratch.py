@@ -18,18 +18,17 @@ send) is never reused. Thread-safe: one pool serves the whole process.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 
 import numpy as np
 
+from .. import settings
 from .host import ITEMSIZES, HostBuffer
 
 __all__ = ["ScratchPool", "pool", "DEFAULT_KEEP_BYTES"]
 
 DEFAULT_KEEP_BYTES = 256 << 20
-_KEEP_ENV = "ASYNCDIST_SCRATCH_KEEP_BYTES"
 # Blocks smaller than this are cheap to allocate (and glibc reuses them).
 _MIN_POOLED_BYTES = 256 << 10
 
@@ -92,10 +91,5 @@ class ScratchPool:
             self._free.clear()
 
 
-def _keep_bytes_from_env() -> int:
-    text = os.environ.get(_KEEP_ENV, "").strip()
-    return int(text) if text else DEFAULT_KEEP_BYTES
-
-
 #: The process's pool.
-pool = ScratchPool(_keep_bytes_from_env())
+pool = ScratchPool(settings.current().scratch_keep_bytes)

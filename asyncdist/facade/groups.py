@@ -19,10 +19,10 @@ Thread affinity: any thread but asyncdist's loop thread.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any, Sequence
 
+from .. import settings
 from .._torch import torch_or_none
 from ..errors import InvalidArgumentError, RendezvousError
 from .lifecycle import NON_GROUP_MEMBER, Group, _check_backend, _group, _portal, _runtime, _use_backend, _world
@@ -320,8 +320,9 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     Raises:
         RendezvousError: ``LOCAL_RANK`` is unset and no ``fallback_rank`` was given.
     """
-    if "LOCAL_RANK" in os.environ:
-        return int(os.environ["LOCAL_RANK"])
+    environ = settings.refresh().environ  # read at each call, as torch's is
+    if "LOCAL_RANK" in environ:
+        return int(environ["LOCAL_RANK"])
     if fallback_rank is not None:
         return int(fallback_rank)
     raise RendezvousError(
@@ -331,4 +332,4 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
 
 def is_torchelastic_launched() -> bool:
     """True if a torchelastic-style launcher started this process (``TORCHELASTIC_RUN_ID`` is set)."""
-    return os.getenv("TORCHELASTIC_RUN_ID") is not None
+    return "TORCHELASTIC_RUN_ID" in settings.refresh().environ  # read at each call, as torch's is

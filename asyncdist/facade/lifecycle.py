@@ -22,9 +22,9 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+from .. import settings
 from .backends import parse_backend
 from ..flight.dumps import install_sigusr1
-from .._config import JOIN_ENV
 from ..errors import AlreadyInitializedError, InvalidArgumentError, NotInitializedError
 from ..group.process_group import ProcessGroup
 from ..loop.exits import call_at_exit, call_on_termination
@@ -159,7 +159,7 @@ def init_process_group(
                 timeout=timeout,
                 group_name=group_name,
                 store_prefix=f"asyncdist/{_runtime.generation}",
-                join=os.environ.get(JOIN_ENV, "").lower() in ("1", "true"),
+                join=settings.refresh().join,
             ),
             what="init_process_group()",
         )

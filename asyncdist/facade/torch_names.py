@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import enum
 import importlib.util
-import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, NewType
 
+from .. import settings
 from ..errors import InvalidArgumentError
 from ..reduce.op import ReduceOp
 from .backends import parse_backend
@@ -220,7 +220,7 @@ def set_debug_level_from_env() -> None:
     Raises:
         ValueError: any other value, as torch's does.
     """
-    value = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF").upper()
+    value = settings.refresh().environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF").upper()
     if value not in DebugLevel.__members__:
         raise ValueError(
             f"The value of TORCH_DISTRIBUTED_DEBUG must be OFF, INFO, or DETAIL, but it is set to {value!r}"

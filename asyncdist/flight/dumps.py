@@ -32,13 +32,14 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from .recorder import Recorder, as_dict
 
 __all__ = ["Dumps", "TRACE_DIR_ENV", "dump_file", "install_sigusr1"]
 
 log = logging.getLogger("asyncdist.trace")
 
-TRACE_DIR_ENV = "ASYNCDIST_TRACE_DIR"
+TRACE_DIR_ENV = settings.name_of("trace_dir")
 FORMAT_VERSION = 1
 
 _LIVE: weakref.WeakSet[Dumps] = weakref.WeakSet()  # what SIGUSR1 dumps
@@ -62,7 +63,7 @@ class Dumps:
         self.recorder = recorder
         self.world_size = world_size
         self.job_id = job_id
-        self.directory = directory if directory is not None else (os.environ.get(TRACE_DIR_ENV) or None)
+        self.directory = directory if directory is not None else settings.current().trace_dir
         self.loop: asyncio.AbstractEventLoop | None = None
         self._reasons: list[str] = []  # failures of this loop turn, the first already dumped
         _LIVE.add(self)

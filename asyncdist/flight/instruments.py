@@ -12,7 +12,6 @@ Loop thread only.
 
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 from ..errors import PeerLostError
@@ -43,7 +42,7 @@ class Flight:
         self.counters = Counters(me.world_size)
         self.recorder = Recorder(me.rank, capacity_from_env(), self.counters.ops)
         self.dumps = Dumps(self.recorder, me.world_size, me.job_id)
-        self.hang_warn = hang_warn_from_env(os.environ)
+        self.hang_warn = hang_warn_from_env()
         self.whereabouts = Whereabouts(me.rank, self.recorder, connections)
 
     def widen(self, world_size: int) -> None:

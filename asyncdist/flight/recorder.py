@@ -25,9 +25,9 @@ Loop thread only, except :meth:`Recorder.entries`, which takes a snapshot.
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import Any, Mapping
 
+from .. import settings
 from ..errors import InvalidArgumentError
 from .record_ring import (
     CLOCK, CTX, ENDED_AT, ERROR, FIELDS, POSTED_AT, SERIAL, STARTED_AT, STEP, Entry, RecordRing,
@@ -38,8 +38,7 @@ __all__ = [
     "state_of",
 ]
 
-BUFFER_ENV = "ASYNCDIST_TRACE_BUFFER"
-DEFAULT_CAPACITY = 2000
+BUFFER_ENV = settings.name_of("trace_buffer")
 
 POSTED, STARTED, COMPLETED, FAILED = "posted", "started", "completed", "failed"
 
@@ -72,18 +71,14 @@ def _awaited(step: Any) -> tuple[list[int], list[int]]:
             [members[r] if members else r for r in awaited.sending])
 
 
-def capacity_from_env(environ: Any = os.environ) -> int:
-    """``ASYNCDIST_TRACE_BUFFER`` (operations kept; 0: the recorder is off), default 2000.
+def capacity_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """``ASYNCDIST_TRACE_BUFFER`` (operations kept; 0: the recorder is off), default 2000,
+    as the settings say (or ``environ``).
 
     Raises:
-        InvalidArgumentError: it is not a whole number >= 0.
+        ConfigurationError: it is not a whole number >= 0.
     """
-    text = environ.get(BUFFER_ENV, "").strip()
-    if not text:
-        return DEFAULT_CAPACITY
-    if not text.isdigit():
-        raise InvalidArgumentError(f"{BUFFER_ENV} must be a whole number of operations >= 0, got {text!r}")
-    return int(text)
+    return (settings.current() if environ is None else settings.Settings.from_environ(environ)).trace_buffer
 
 
 class Recorder:

@@ -26,9 +26,9 @@ import json
 import logging
 from typing import Any, Mapping
 
+from .. import settings
 from .descriptions import short
 from .recorder import Recorder
-from ..timeouts import seconds_from_env
 from ..transport.stream import Connection
 from ..wire.frames import Header, Kind
 
@@ -36,19 +36,18 @@ __all__ = ["Whereabouts", "HANG_WARN_ENV", "hang_warn_from_env"]
 
 log = logging.getLogger("asyncdist.hang")
 
-HANG_WARN_ENV = "ASYNCDIST_HANG_WARN"
-DEFAULT_HANG_WARN = 60.0
+HANG_WARN_ENV = settings.name_of("hang_warn")
 # How long the warning waits for the peers' answers before naming those that did not answer.
 _ANSWER_SECONDS = 5.0
 
 
-def hang_warn_from_env(environ: Any) -> float:
-    """``ASYNCDIST_HANG_WARN`` in seconds (0: off), default 60.
+def hang_warn_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """``ASYNCDIST_HANG_WARN`` in seconds (0: off), default 60, as the settings say (or ``environ``).
 
     Raises:
-        InvalidArgumentError: not a number of seconds >= 0.
+        ConfigurationError: not a number of seconds >= 0.
     """
-    return seconds_from_env(environ, HANG_WARN_ENV, DEFAULT_HANG_WARN)
+    return (settings.current() if environ is None else settings.Settings.from_environ(environ)).hang_warn
 
 
 def _state(answer: dict[str, Any]) -> str:

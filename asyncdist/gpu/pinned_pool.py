@@ -21,11 +21,11 @@ pool).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import defaultdict
 from typing import Any
 
+from .. import settings
 from .device import DeviceAdapter
 
 __all__ = ["PinnedBlock", "PinnedPool", "pool_for", "MIN_BLOCK_BYTES", "MAX_CACHED_BYTES"]
@@ -33,7 +33,7 @@ __all__ = ["PinnedBlock", "PinnedPool", "pool_for", "MIN_BLOCK_BYTES", "MAX_CACH
 #: The smallest block, in bytes.
 MIN_BLOCK_BYTES = 64 * 1024
 #: Idle bytes the pool keeps per adapter (ASYNCDIST_PINNED_POOL_BYTES).
-MAX_CACHED_BYTES = int(os.environ.get("ASYNCDIST_PINNED_POOL_BYTES", 1 << 30))
+MAX_CACHED_BYTES = settings.current().pinned_pool_bytes
 
 
 def _size_class(nbytes: int) -> int:

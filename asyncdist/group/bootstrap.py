@@ -32,8 +32,8 @@ import socket
 import time
 import uuid
 
+from .. import settings
 from ..engine.engine import Engine
-from .._config import JOB_ID_ENV, SECRET_ENV
 from ..errors import RendezvousError, StoreError, StoreLostError, StoreTimeoutError
 from ..wire.handshake import Identity
 from ..transport.heartbeat import HeartbeatConfig
@@ -201,7 +201,7 @@ async def bootstrap(
     start = time.monotonic()
     deadline = start + timeout
     reports = WaitReports(rank, world_size, where, start, deadline)
-    mine = _run_mark(os.environ.get(JOB_ID_ENV, ""))
+    mine = _run_mark(settings.current().job_id or "")
     if rank == 0:  # (a store opened already: by rank 0 of another run, unless the mark is this run's)
         opened = (await store.async_compare_set(_OPEN_KEY, "", mine)).decode()
     else:
@@ -213,9 +213,9 @@ async def bootstrap(
         raise RendezvousError(await _already_running(store, rank, where))
     await _claim(store, rank, world_size, where)
 
-    secret = os.environ.get(SECRET_ENV) or await _shared_value(store, "secret", rank, secrets.token_hex(32), deadline,
+    secret = settings.current().secret or await _shared_value(store, "secret", rank, secrets.token_hex(32), deadline,
                                                                     reports)
-    job_id = os.environ.get(JOB_ID_ENV) or await _shared_value(store, "job_id", rank, uuid.uuid4().hex, deadline,
+    job_id = settings.current().job_id or await _shared_value(store, "job_id", rank, uuid.uuid4().hex, deadline,
                                                                      reports)
     engine = Engine(Identity(job_id, rank, world_size, secret.encode()), heartbeat=heartbeat)
     try:

@@ -18,10 +18,10 @@ The caller builds the group from the admission. Loop thread only.
 
 from __future__ import annotations
 
-import os
 import time
 
-from .._config import JOB_ID_ENV, SECRET_ENV
+from .. import settings
+from ..settings import JOB_ID_ENV, SECRET_ENV
 from ..engine.engine import Engine
 from ..errors import RendezvousError, StoreTimeoutError
 from ..rendezvous import joins
@@ -39,8 +39,8 @@ _JOINED_KEY = "joined"  # bootstrap's: set by rank 0 once every rank of the job 
 
 async def _job_value(store: Store, key: str, env: str, where: str) -> str:
     """The job's id or secret: from ``env`` if set (as the job's ranks read it), else the store."""
-    if os.environ.get(env):
-        return os.environ[env]
+    if settings.current().environ.get(env):
+        return settings.current().environ[env]
     if not await store.async_check([key]):
         raise RendezvousError(f"join: the job at {where} keeps no {key!r} in its store: its ranks were given "
                               f"{env}; start this process with the same {env}")

@@ -17,6 +17,7 @@ import asyncio
 from datetime import timedelta
 from typing import Sequence
 
+from .. import settings
 from ..timeouts import DEFAULT_TIMEOUT
 from ..timeouts import as_seconds
 from .process_group import ProcessGroup
@@ -73,7 +74,8 @@ async def init_world(
         InvalidArgumentError: a bad heartbeat setting, or ``join`` with a rank or world size.
     """
     seconds = as_seconds(timeout, default=DEFAULT_TIMEOUT.total_seconds(), what="init_world: timeout")
-    if heartbeat is None:  # read now: a bad setting fails before the rendezvous, not in it
+    settings.refresh()  # this world's settings: what the environment says now; a bad one fails here
+    if heartbeat is None:
         heartbeat = HeartbeatConfig.from_env()
     loop = asyncio.get_running_loop()
     if join:

@@ -18,6 +18,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from .. import settings
 from .._torch import torch_or_none
 
 __all__ = ["LaunchConfig", "build_parser", "config_from_args", "worker_command", "DEFAULT_PREFIX", "NOT_IMPLEMENTED",
@@ -288,7 +289,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         raise ValueError(f"--master-port must be in [0, 65535], got {args.master_port}")
     template = args.log_line_prefix_template
     if template is None:
-        template = os.environ.get(PREFIX_ENV) or DEFAULT_PREFIX
+        template = settings.refresh().environ.get(PREFIX_ENV) or DEFAULT_PREFIX
     return LaunchConfig(
         command=worker_command(args.training_script, module=args.module, no_python=args.no_python),
         script_args=tuple(args.training_script_args),

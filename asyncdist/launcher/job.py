@@ -38,7 +38,7 @@ from string import Template
 from typing import Mapping
 
 from ..errors import StoreError
-from .._config import JOB_ID_ENV, JOIN_ENV, SECRET_ENV
+from ..settings import JOB_ID_ENV, JOIN_ENV, SECRET_ENV
 from ..rendezvous.init_method import AGENT_STORE_ENV, STORE_ADDR_ENV
 from ..rendezvous.torch_store import AGENT_STORE_KIND_ENV
 from .args import LaunchConfig, streams_of

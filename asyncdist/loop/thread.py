@@ -58,12 +58,12 @@ in the middle of a loop callback (:mod:`asyncdist.loop.exits`).
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import threading
 import time
 from typing import Any, Callable, Coroutine
 
+from .. import settings
 from . import exits as loop_exits
 from ..errors import WrongThreadError
 from ..gpu.callers import caller_context
@@ -75,10 +75,10 @@ __all__ = ["LoopThread", "new_event_loop", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_
 
 #: "asyncio" or "uvloop": which event loop to use (default: uvloop where a
 #: loop runs in one thread for good, asyncio's for a LoopThread).
-LOOP_ENV = "ASYNCDIST_LOOP"
+LOOP_ENV = settings.name_of("loop")
 
 #: Set to "0" to hand every blocking call to the loop thread.
-CALLER_RUNS_ENV = "ASYNCDIST_CALLER_RUNS_LOOP"
+CALLER_RUNS_ENV = settings.name_of("caller_runs_loop")
 
 #: Seconds a loop may stay free before the daemon takes it to run in the background.
 IDLE_GRACE = 0.005
@@ -90,7 +90,7 @@ IDLE_LOOK_MAX = 0.1
 def new_event_loop(default: str = "uvloop") -> asyncio.AbstractEventLoop:
     """A new event loop: ``ASYNCDIST_LOOP``'s choice, else ``default``
     ("uvloop": uvloop's when installed; "asyncio": the standard one)."""
-    choice = os.environ.get(LOOP_ENV, "").lower() or default
+    choice = settings.refresh().loop or default
     if choice != "asyncio":
         try:
             import uvloop
@@ -134,7 +134,7 @@ class LoopThread:
 
     def __init__(self, name: str = "asyncdist-loop") -> None:
         self.loop = new_event_loop(default="asyncio")
-        self._caller_runs = os.environ.get(CALLER_RUNS_ENV, "1") != "0"
+        self._caller_runs = settings.current().caller_runs_loop  # as new_event_loop just read them
         # Who runs the loop: the thread holding _running_here, recorded in
         # _owner. Who needs it run: _demand and _released_at, guarded by _lock,
         # which the daemon waits on (_changed).

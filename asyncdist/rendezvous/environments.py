@@ -31,11 +31,11 @@ The mapping functions only read a mapping; they know nothing of sockets.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from .. import settings
 from ..errors import RendezvousError
 from .store import PrefixStore, Store
 
@@ -107,7 +107,7 @@ def _slurm_local_size(environ: Mapping[str, str]) -> int | None:
     return counts[node] if 0 <= node < len(counts) else None
 
 
-def placement(environ: Mapping[str, str] = os.environ) -> Placement | None:
+def placement(environ: Mapping[str, str] | None = None) -> Placement | None:
     """The rank and world size a launcher set, or None if no launcher did.
 
     Raises:
@@ -117,6 +117,7 @@ def placement(environ: Mapping[str, str] = os.environ) -> Placement | None:
         >>> placement({"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"})
         Placement(source='SLURM', rank=3, world_size=8, local_rank=1, local_world_size=None)
     """
+    environ = settings.current().environ if environ is None else environ
     for source in _SOURCES:
         rank, size = _int(environ, source.rank), _int(environ, source.size)
         if rank is None or size is None:
@@ -126,7 +127,7 @@ def placement(environ: Mapping[str, str] = os.environ) -> Placement | None:
     return None
 
 
-def local_rank_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
+def local_rank_from_env(environ: Mapping[str, str] | None = None) -> int | None:
     """This process's rank on its node: ``LOCAL_RANK`` or a launcher's equivalent.
 
     Looks at ``LOCAL_RANK``, ``OMPI_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``
@@ -135,6 +136,7 @@ def local_rank_from_env(environ: Mapping[str, str] = os.environ) -> int | None:
     Raises:
         RendezvousError: the variable found is not an integer.
     """
+    environ = settings.current().environ if environ is None else environ
     for source in _SOURCES:
         value = _int(environ, source.local_rank)
         if value is not None:
@@ -150,7 +152,8 @@ class AttemptStore(PrefixStore):
         environ: where ``TORCHELASTIC_RESTART_COUNT`` is read (0 when unset).
     """
 
-    def __init__(self, store: Store, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(self, store: Store, environ: Mapping[str, str] | None = None) -> None:
+        environ = settings.current().environ if environ is None else environ
         attempt = _int(environ, "TORCHELASTIC_RESTART_COUNT") or 0
         super().__init__(f"/worker/attempt_{attempt}", store)
 

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs, urlparse
 
-from .._config import SECRET_ENV
+from .. import settings
+from ..settings import SECRET_ENV
 from ..errors import InvalidArgumentError, InvalidRankError, RendezvousError, StoreError
 from .file_store import FileStore
 from .environments import LAUNCHER_HINT, AttemptStore, placement
@@ -43,12 +43,12 @@ from .torch_store import AGENT_STORE_KIND_ENV, agent_store_is_torchs, torch_stor
 
 __all__ = ["Plan", "resolve", "HOST_ENV", "AGENT_STORE_ENV", "STORE_ADDR_ENV", "store_address", "parse_store_address"]
 
-HOST_ENV = "ASYNCDIST_HOST"
+HOST_ENV = settings.name_of("host")
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 #: ``host:port`` (``[v6]:port``) of asyncdist's store served by the launcher;
 #: when set, env:// prefers it to ``MASTER_ADDR:MASTER_PORT`` (which then
 #: belongs to torch's store, for torch scripts).
-STORE_ADDR_ENV = "ASYNCDIST_STORE_ADDR"
+STORE_ADDR_ENV = settings.name_of("store_addr")
 _ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 logger = logging.getLogger("asyncdist.store")
@@ -279,7 +279,7 @@ def resolve(
     world_size: int = -1,
     store: Store | None = None,
     timeout: float,
-    environ: Mapping[str, str] = os.environ,
+    environ: Mapping[str, str] | None = None,
 ) -> Plan:
     """Work out the store, rank and world size of this process.
 
@@ -288,6 +288,7 @@ def resolve(
             or the store cannot be reached or served.
         InvalidRankError, InvalidArgumentError: rank or world size out of range.
     """
+    environ = settings.current().environ if environ is None else environ  # None: the settings' variables
     if store is not None:
         if init_method is not None:
             raise InvalidArgumentError("init_method and store are mutually exclusive")

@@ -42,7 +42,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from .._config import SECRET_ENV
+from .. import settings
 from ..errors import (
     ClosedError,
     FrameTooLargeError,
@@ -91,7 +91,7 @@ _REPLY_SLACK = 10.0  # seconds a client waits for a reply beyond the request's t
 def _as_secret(secret: str | bytes | None) -> bytes | None:
     """``secret=`` as bytes: None reads ``ASYNCDIST_SECRET``; empty means no secret."""
     if secret is None:
-        secret = os.environ.get(SECRET_ENV, "")
+        secret = settings.refresh().secret or ""  # a store may be made before init: read now
     if isinstance(secret, str):
         secret = secret.encode()
     if not isinstance(secret, bytes):

@@ -52,7 +52,8 @@ from typing import Any, Callable, Mapping
 
 from .._torch import torch_or_none
 from ..errors import RendezvousError, StoreError
-from .._config import JOB_ID_ENV, SECRET_ENV
+from .. import settings
+from ..settings import JOB_ID_ENV, SECRET_ENV
 from .store import Store
 
 __all__ = [
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 #: ``torch`` or ``asyncdist``: whose protocol the launcher's store speaks.
-AGENT_STORE_KIND_ENV = "ASYNCDIST_AGENT_STORE"
+AGENT_STORE_KIND_ENV = settings.name_of("agent_store")
 #: Set by torchrun (and by asyncdist-run) for every worker.
 RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 

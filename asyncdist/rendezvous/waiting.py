@@ -28,10 +28,9 @@ and owns no clock (the caller passes ``time.monotonic()`` readings).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Mapping
 
-from ..timeouts import seconds_from_env
+from .. import settings
 
 __all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text",
            "ranks_named"]
@@ -39,8 +38,7 @@ __all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration"
 log = logging.getLogger("asyncdist.rendezvous")
 
 #: Seconds between two reports of a rank still waiting; ``0`` turns them off.
-REPORT_EVERY_ENV = "ASYNCDIST_INIT_REPORT_EVERY"
-_DEFAULT_EVERY = 30.0
+REPORT_EVERY_ENV = settings.name_of("init_report_every")
 #: The first report comes after this long (or after the interval, if shorter):
 #: a healthy job's ranks usually arrive within a few seconds of each other.
 FIRST_REPORT_SECONDS = 10.0
@@ -63,13 +61,14 @@ def duration(seconds: float) -> str:
     return f"{secs} s"
 
 
-def report_every(environ: Mapping[str, str] = os.environ) -> float:
-    """``ASYNCDIST_INIT_REPORT_EVERY`` in seconds (0: no reports).
+def report_every(environ: Mapping[str, str] | None = None) -> float:
+    """``ASYNCDIST_INIT_REPORT_EVERY`` in seconds (0: no reports), read as a wait
+    starts (or from ``environ``).
 
     Raises:
-        InvalidArgumentError: not a number >= 0.
+        ConfigurationError: not a number >= 0.
     """
-    return seconds_from_env(environ, REPORT_EVERY_ENV, _DEFAULT_EVERY, finite=False)
+    return (settings.refresh() if environ is None else settings.Settings.from_environ(environ)).init_report_every
 
 
 class WaitReports:
@@ -87,7 +86,7 @@ class WaitReports:
     """
 
     def __init__(self, rank: int, world_size: int, where: str, start: float, deadline: float,
-                 environ: Mapping[str, str] = os.environ) -> None:
+                 environ: Mapping[str, str] | None = None) -> None:
         self.rank, self.world_size, self.where = rank, world_size, where
         self._start, self._deadline = start, deadline
         self._every = report_every(environ)

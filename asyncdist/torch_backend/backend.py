@@ -32,10 +32,10 @@ group; it blocks until every member has joined (as torch's own backends do).
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
+from .. import settings
 from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
 from ..rendezvous.torch_store import TorchStore
@@ -76,7 +76,7 @@ _runtime = _Runtime()
 
 def _attempt() -> str:
     """The launcher's restart attempt (``TORCHELASTIC_RESTART_COUNT``), ``"0"`` without one."""
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "").strip() or "0"
+    return settings.current().environ.get("TORCHELASTIC_RESTART_COUNT", "").strip() or "0"
 
 
 def create_backend(options: Any, backend_options: Any = None) -> AsyncdistProcessGroup:

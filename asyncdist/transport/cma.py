@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .. import settings
 from ..buffers.scratch import pool
 from ..errors import ProtocolError
 from ..wire.handshake import PROBE_BYTES, MemoryToken, PeerMemoryReader, valid_token
@@ -58,9 +59,6 @@ __all__ = [
     "SPLIT_READ_BYTES",
 ]
 
-_ENABLE_ENV = "ASYNCDIST_CMA"
-_MIN_BYTES_ENV = "ASYNCDIST_CMA_MIN_BYTES"
-_DEFAULT_MIN_BYTES = 512 * 1024
 #: Bytes of a folded payload read at a time: what a core's cache holds (8 MiB
 #: read and added in 1 MiB pieces: 2.9 ms; read into a buffer of its own
 #: first, then added: 3.5 ms).
@@ -102,21 +100,18 @@ def _reader_thread() -> ThreadPoolExecutor:
 # This process's probe: random bytes at a fixed address, for peers to read.
 _probe = ctypes.create_string_buffer(os.urandom(PROBE_BYTES), PROBE_BYTES)
 
-def enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this process offers and uses cross-memory reads."""
-    return _process_vm_readv is not None and environ.get(_ENABLE_ENV, "1").strip() not in ("0", "false", "off")
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process offers and uses cross-memory reads (``ASYNCDIST_CMA``, or ``environ``'s)."""
+    return _process_vm_readv is not None and _settings(environ).cma
 
 
-def min_bytes(environ: Mapping[str, str] = os.environ) -> int:
-    """The smallest payload sent by memory rather than inline."""
-    text = environ.get(_MIN_BYTES_ENV, "").strip()
-    if not text:
-        return _DEFAULT_MIN_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{_MIN_BYTES_ENV} must be a number of bytes, got {text!r}") from None
-    return max(value, 1)
+def min_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The smallest payload sent by memory rather than inline (``ASYNCDIST_CMA_MIN_BYTES``, or ``environ``'s)."""
+    return max(_settings(environ).cma_min_bytes, 1)
+
+
+def _settings(environ: Mapping[str, str] | None) -> settings.Settings:
+    return settings.current() if environ is None else settings.Settings.from_environ(environ)
 
 
 def local_token() -> MemoryToken | None:

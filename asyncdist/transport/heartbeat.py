@@ -42,10 +42,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .. import settings
 from ..errors import InvalidArgumentError, PeerLostError
 from ..wire.frames import Header, Kind, encode_header
 from .stream import Connection
@@ -54,8 +54,8 @@ __all__ = ["HeartbeatConfig", "Heartbeat", "INTERVAL_ENV", "TIMEOUT_ENV"]
 
 log = logging.getLogger("asyncdist.transport")
 
-INTERVAL_ENV = "ASYNCDIST_HEARTBEAT_INTERVAL"
-TIMEOUT_ENV = "ASYNCDIST_HEARTBEAT_TIMEOUT"
+INTERVAL_ENV = settings.name_of("heartbeat_interval")
+TIMEOUT_ENV = settings.name_of("heartbeat_timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,23 +94,16 @@ class HeartbeatConfig:
         return self.interval > 0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> HeartbeatConfig:
-        """The settings of ``ASYNCDIST_HEARTBEAT_INTERVAL`` / ``_TIMEOUT``, else the defaults.
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HeartbeatConfig:
+        """The settings of ``ASYNCDIST_HEARTBEAT_INTERVAL`` / ``_TIMEOUT`` (or ``environ``'s), else the defaults.
 
         Raises:
             InvalidArgumentError: a variable is set to something else than a
-                number of seconds, or the pair breaks the rule above.
+                number of seconds (ConfigurationError), or the pair breaks the rule above.
         """
-        values = {}
-        for name, variable in (("interval", INTERVAL_ENV), ("timeout", TIMEOUT_ENV)):
-            text = environ.get(variable, "").strip()
-            if text:
-                try:
-                    values[name] = float(text)
-                except ValueError:
-                    raise InvalidArgumentError(f"{variable} must be a number of seconds, got {text!r}") from None
+        read = settings.current() if environ is None else settings.Settings.from_environ(environ)
         try:
-            return cls(**values)
+            return cls(read.heartbeat_interval, read.heartbeat_timeout)
         except InvalidArgumentError as exc:
             raise InvalidArgumentError(f"{exc} (from {INTERVAL_ENV} / {TIMEOUT_ENV})") from None
 

@@ -48,6 +48,7 @@ import os
 import time
 from typing import Callable, Mapping, Sequence
 
+from .. import settings
 from ..errors import PeerLostError, ProtocolError
 from ..wire.frames import FrameDecoder, Header, Kind, encode_header
 from . import cma
@@ -60,9 +61,9 @@ log = logging.getLogger("asyncdist.transport")
 
 _OFFER, _ACCEPTED, _REFUSED, _BACK = 0, 1, 2, 3
 #: "0" turns the shared-memory rings off (default on, where :func:`supported`).
-SHM_ENV = "ASYNCDIST_SHM"
+SHM_ENV = settings.name_of("shm")
 #: Bytes of each ring (a power of two, at least 4096).
-RING_BYTES_ENV = "ASYNCDIST_SHM_RING_BYTES"
+RING_BYTES_ENV = settings.name_of("shm_ring_bytes")
 # Room for two frames of anything sent inline (payloads from 512 KiB are read
 # from the sender's memory, :mod:`.cma`). Memory is taken as it is first written.
 DEFAULT_RING_BYTES = 1 << 20
@@ -72,7 +73,7 @@ _INBOUND_BUDGET_BYTES = 8 << 20
 _MIN_DEFAULT_RING_BYTES = 16 * 1024
 
 
-def shm_ring_bytes(world_size: int = 2, environ: Mapping[str, str] = os.environ) -> int:
+def shm_ring_bytes(world_size: int = 2, environ: Mapping[str, str] | None = None) -> int:
     """The capacity of the ring each rank offers each peer; 0: no rings.
 
     By default :data:`DEFAULT_RING_BYTES`, less where ``world_size`` ranks'
@@ -82,16 +83,13 @@ def shm_ring_bytes(world_size: int = 2, environ: Mapping[str, str] = os.environ)
         ValueError: ``ASYNCDIST_SHM_RING_BYTES`` is not a power of two of at
             least 4096.
     """
-    if not supported() or environ.get(SHM_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+    read = settings.current() if environ is None else settings.Settings.from_environ(environ)
+    if not supported() or not read.shm:
         return 0
-    text = environ.get(RING_BYTES_ENV, "").strip()
-    if not text:
+    if read.shm_ring_bytes is None:
         fair = _INBOUND_BUDGET_BYTES // max(world_size - 1, 1)
         return max(_MIN_DEFAULT_RING_BYTES, min(DEFAULT_RING_BYTES, 1 << (fair.bit_length() - 1)))
-    value = int(text) if text.isdigit() else 0
-    if value < 4096 or value & (value - 1):
-        raise ValueError(f"{RING_BYTES_ENV} must be a power of two of at least 4096 bytes, got {text!r}")
-    return value
+    return read.shm_ring_bytes
 
 
 class ShmPoller:

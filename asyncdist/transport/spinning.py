@@ -24,16 +24,18 @@ import os
 import threading
 from typing import Mapping
 
+from .. import settings
+
 __all__ = ["spin_seconds", "may_spin", "forbid_spinning_here", "SPIN_ENV", "DEFAULT_SPIN_SECONDS"]
 
 _here = threading.local()
 
 #: Microseconds a blocking call spins before it sleeps (0: never spin).
-SPIN_ENV = "ASYNCDIST_SPIN_US"
+SPIN_ENV = settings.name_of("spin")
 DEFAULT_SPIN_SECONDS = 1e-3
 
 
-def spin_seconds(environ: Mapping[str, str] = os.environ) -> float:
+def spin_seconds(environ: Mapping[str, str] | None = None) -> float:
     """How long a blocking call spins for the data it waits on before it sleeps.
 
     ``ASYNCDIST_SPIN_US`` if set; else :data:`DEFAULT_SPIN_SECONDS` when the
@@ -41,13 +43,10 @@ def spin_seconds(environ: Mapping[str, str] = os.environ) -> float:
     torchrun and asyncdist-run set it) and they are no more than the cores
     this process may use, and 0 otherwise.
     """
-    text = environ.get(SPIN_ENV, "").strip()
-    if text:
-        try:
-            return max(0.0, float(text)) / 1e6
-        except ValueError:
-            raise ValueError(f"{SPIN_ENV} must be a number of microseconds, got {text!r}") from None
-    local_ranks = environ.get("LOCAL_WORLD_SIZE", "").strip()
+    read = settings.current() if environ is None else settings.Settings.from_environ(environ)
+    if read.spin is not None:
+        return read.spin
+    local_ranks = read.environ.get("LOCAL_WORLD_SIZE", "").strip()
     if not local_ranks.isdigit():
         return 0.0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
