@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"
 
-_FAMILY = re.compile(r"^(ASYNCDIST|TORCHELASTIC|MASTER|OMPI|PMI|MPI|SLURM|LOCAL)_[A-Z0-9_]+$|^(RANK|WORLD_SIZE)$")
+_FAMILY = re.compile(r"^(ASYNCDIST|TORCHELASTIC|TORCH|MASTER|OMPI|PMI|MPI|SLURM|LOCAL)_[A-Z0-9_]+$|^(RANK|WORLD_SIZE)$")
 # Set for the workers, never read: documented in the section "Set by the launchers".
 SET_ONLY = {"TORCHELASTIC_MAX_RESTARTS"}
 
