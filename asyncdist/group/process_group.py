@@ -355,7 +355,10 @@ class ProcessGroup:
         self.pass_on(group)
         return group
 
-    grow = grow  #: ``await group.grow(*, timeout=None, min_joiners=0)``: see :func:`asyncdist.group.growth.grow`
+    async def grow(self, *, timeout: timedelta | float | None = None, min_joiners: int = 0) -> ProcessGroup:
+        """Admit the processes waiting to join (``init_world(..., join=True)``); return the
+        bigger group, or this same one when nobody waits: see :func:`asyncdist.group.growth.grow`."""
+        return await grow(self, type(self), timeout=timeout, min_joiners=min_joiners)
 
     def pass_on(self, successor: ProcessGroup) -> None:
         """Give ``successor`` (shrunk or grown) what closing this group would release (the engine)."""
