@@ -33,12 +33,12 @@ def profiled(op: str, tensors: Sequence[Any], call: Callable[..., R], /, *args: 
         tensors: its operands; the torch tensors among them give the event's input shapes.
     """
     torch = sys.modules.get("torch")
-    autograd = getattr(torch, "autograd", None)
-    if autograd is None or not autograd._profiler_enabled():
+    autograd = getattr(torch, "autograd", None)  # None while torch is still being imported
+    if torch is None or autograd is None or not autograd._profiler_enabled():
         return call(*args, **kwargs)
-    inputs = [t for t in tensors if isinstance(t, torch.Tensor)]  # type: ignore[union-attr]
-    handle = torch._C._autograd._record_function_with_args_enter(f"asyncdist:{op}", *inputs)  # type: ignore[union-attr]
+    inputs = [t for t in tensors if isinstance(t, torch.Tensor)]
+    handle = torch._C._autograd._record_function_with_args_enter(f"asyncdist:{op}", *inputs)
     try:
         return call(*args, **kwargs)
     finally:
-        torch._C._autograd._record_function_with_args_exit(handle)  # type: ignore[union-attr]
+        torch._C._autograd._record_function_with_args_exit(handle)

@@ -29,7 +29,11 @@ from typing import Any
 
 __all__ = ["register"]
 
-#: torch's name of the backend (asyncdist.torch_backend.process_group.BACKEND_NAME).
+# Copies of asyncdist.torch_backend.process_group's BACKEND_NAME and DEVICES: importing
+# that module would import asyncdist's runtime (tests/torch_backend/test_entry_point.py
+# checks that they agree). The package imports nothing from here.
+
+#: torch's name of the backend.
 BACKEND_NAME = "asyncdist"
 #: The devices whose tensors the backend serves (CUDA through pinned staging).
 DEVICES = ["cpu", "cuda"]

@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from types import ModuleType
 from typing import Any, Callable, Collection, Sequence
 
 from .. import settings
@@ -127,13 +128,17 @@ def _rank(path: str, store_file: str, device_kind: str, cases: list[tuple[str, i
     import torch
 
     library, backend = PATHS[path]
+    d: ModuleType  # torch.distributed, or asyncdist's facade of the same functions
     if library == "torch":
-        import torch.distributed as d
+        import torch.distributed as torch_distributed
 
         if backend == "asyncdist":
             import asyncdist.torch_backend  # noqa: F401 (registers the backend, as its entry point does)
+        d = torch_distributed
     else:
-        import asyncdist as d  # type: ignore[no-redef]
+        import asyncdist
+
+        d = asyncdist
     rank, n = int(settings.current().environ["RANK"]), int(settings.current().environ["WORLD_SIZE"])
     sync: Callable[[], None]
     if device_kind == "cuda":

@@ -34,6 +34,7 @@ import socket
 import statistics
 from dataclasses import dataclass
 from time import perf_counter
+from typing import cast
 
 from ..loop.thread import new_event_loop
 from ..transport.shm_ring import ShmRing, supported
@@ -104,7 +105,7 @@ class _PingPong(asyncio.Protocol):
         self.done: asyncio.Future[None] = loop.create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport, but writes as one
 
     def start(self) -> asyncio.Future[None]:
         assert self.transport is not None

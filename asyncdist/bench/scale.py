@@ -8,27 +8,26 @@ time per call is the whole group's work (every message's cost, every byte
 copied), not the latency a group of processes would see; what it shows is
 how that work grows with n.
 
-The messages and bytes each rank sends are counted exactly: for the span of
-one call, :meth:`asyncdist.engine.channel.Channel.start_send` is wrapped to
-count them per rank (the counts are deterministic, the times are not). The
-table gives the most any rank sent, in messages and as a multiple of the
-message size, and the time per call (median of :data:`REPS` repetitions).
+The messages and bytes each rank sends are counted exactly, by the engine's
+own counters (``ProcessGroup.stats()``, :mod:`asyncdist.flight.counters`):
+zeroed before one call and read after it (the counts are deterministic, the
+times are not). They are every message the call puts on the wire, so a
+rooted call's announcements count too (no payload: the root sends one to
+each other member, see :mod:`asyncdist.group.calls`). The table gives the
+most any rank sent, in messages and as a multiple of the message size, and
+the time per call (median of :data:`REPS` repetitions).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
-from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
 import numpy as np
 
-from ..engine.channel import Channel
 from ..testing.world import local_world
 from .plan import format_bytes
 
@@ -51,22 +50,10 @@ class ScaleRow:
     ms_per_call: float
 
 
-@contextlib.contextmanager
-def _counting() -> Iterator[tuple[Counter[int], Counter[int]]]:
-    messages: Counter[int] = Counter()
-    sent: Counter[int] = Counter()
-    start_send = Channel.start_send
-
-    def counted(self: Channel, buf: Any, peer: int) -> Any:
-        messages[self.rank] += 1
-        sent[self.rank] += buf.nbytes
-        return start_send(self, buf, peer)
-
-    Channel.start_send = counted  # type: ignore[method-assign]
-    try:
-        yield messages, sent
-    finally:
-        Channel.start_send = start_send  # type: ignore[method-assign]
+def _sent(stats: dict[str, Any]) -> tuple[int, int]:
+    """Messages and payload bytes one rank sent, over all its peers (a ``ProcessGroup.stats()``)."""
+    peers = stats["peers"].values()
+    return sum(p["sent_messages"] for p in peers), sum(p["sent_bytes"] for p in peers)
 
 
 async def _measure(op: str, nbytes: int, n: int) -> ScaleRow:
@@ -80,15 +67,17 @@ async def _measure(op: str, nbytes: int, n: int) -> ScaleRow:
             return asyncio.gather(*(g.broadcast(bufs[g.rank], 0) for g in ranks))
 
         await call()  # warm-up: connections, scratch buffers
-        with _counting() as (messages, sent):
-            await call()
+        for g in ranks:
+            g.stats(reset=True)
+        await call()
+        messages, sent = zip(*(_sent(g.stats()) for g in ranks))
         times = []
         for _ in range(REPS):
             start = perf_counter()
             await call()
             times.append(perf_counter() - start)
-    return ScaleRow(op, count * 4, n, max(messages.values(), default=0), max(sent.values(), default=0) / (count * 4),
-                    sum(messages.values()), statistics.median(times) * 1e3)
+    return ScaleRow(op, count * 4, n, max(messages), max(sent) / (count * 4), sum(messages),
+                    statistics.median(times) * 1e3)
 
 
 def measure(op: str, nbytes: int, ns: list[int]) -> list[ScaleRow]:

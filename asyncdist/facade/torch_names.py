@@ -97,7 +97,7 @@ class Backend(str):
             raise ValueError("Backend constructor parameter must be string-ish")
         value = getattr(Backend, name.upper(), Backend.UNDEFINED)
         # torch's Backend is a str factory: unknown names come back as plain lower-case strings.
-        return value if value != Backend.UNDEFINED else name.lower()  # type: ignore[return-value]  # as torch's
+        return value if value != Backend.UNDEFINED else name.lower()  # type: ignore[return-value]  # a plain str for an unknown name, as torch returns
 
     @classmethod
     def register_backend(cls, name: str, func: Any, extended_api: bool = False, devices: str | list[str] | None = None) -> None:

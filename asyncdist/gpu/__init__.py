@@ -20,22 +20,27 @@ imported only once an array of theirs is seen.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .device import DeviceAdapter, adapter_for, register_adapter, unregister_adapter
 from .pinned_pool import PinnedPool, pool_for
+from .seams import IdStore
+
+if TYPE_CHECKING:  # the module itself is imported by use_nccl, once called
+    from .nccl import NcclUser
 
 __all__ = ["DeviceAdapter", "adapter_for", "register_adapter", "unregister_adapter", "PinnedPool", "pool_for", "use_nccl"]
 
 
-def use_nccl(group: Any, store: Any = None) -> None:
+def use_nccl(group: NcclUser, store: IdStore | None = None) -> None:
     """Send ``group``'s device operands through NCCL from now on (await API).
 
     The communicator is created at the group's first device operation (every
     member must make it), with its unique id passed through ``store``.
 
     Args:
-        group: a :class:`~asyncdist.group.process_group.ProcessGroup` this rank is in.
+        group: a :class:`~asyncdist.group.process_group.ProcessGroup` this rank is in
+            (any :class:`~asyncdist.gpu.nccl.NcclUser`).
         store: the store all members share (default: the group's own, which
             ``init_world`` sets on the world and ``new_group`` passes on).
 

@@ -33,7 +33,7 @@ Loop thread only.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Hashable
+from typing import Any, Hashable, Protocol
 
 from ..errors import AsyncDistError, DeviceError, InvalidArgumentError, OperationCancelledError
 from ..rendezvous.store import STORE_EXECUTOR
@@ -43,8 +43,9 @@ from .nccl_ops import ISSUERS, Issue
 from .operands import SPECS
 from .poll import wait_events
 from .pinned_staging import device_errors
+from .seams import IdStore, NcclGroup
 
-__all__ = ["NcclBackend"]
+__all__ = ["NcclBackend", "NcclUser"]
 
 
 def _id_bytes(unique_id: tuple[int, ...]) -> bytes:
@@ -58,7 +59,7 @@ def _id_tuple(raw: bytes) -> tuple[int, ...]:
 class NcclBackend:
     """The NCCL side of one group. Made by ``use_nccl``; the communicator comes later."""
 
-    def __init__(self, group: Any, store: Any) -> None:
+    def __init__(self, group: NcclGroup, store: IdStore | None) -> None:
         if store is None:
             raise InvalidArgumentError(f"group {group.name!r} has no store to pass the NCCL unique id through")
         self._group = group
@@ -245,6 +246,12 @@ class _Start:
         with device_errors(what):
             self.caller = caller_stream(self.adapter, self.device)
             self.event = self.adapter.record_event(self.caller)
+
+
+class NcclUser(NcclGroup, Protocol):
+    """A group that sends its device operands through :attr:`nccl` when it is set (:func:`~asyncdist.gpu.use_nccl`)."""
+
+    nccl: NcclBackend | None
 
 
 class _Batch:

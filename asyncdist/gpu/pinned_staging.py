@@ -52,6 +52,7 @@ from .device import DeviceAdapter, adapter_for
 from .operands import PIPELINED, Spec
 from .pinned_pool import pool_for
 from .poll import wait_events
+from .seams import CallNumbers, StagingGroup
 
 __all__ = ["PIPELINE_CHUNK_BYTES", "run_staged", "StagedOperand", "StagedP2P", "device_errors", "side_stream"]
 
@@ -220,14 +221,14 @@ def _pipeline(name: str, arguments: dict[str, Any]) -> list[tuple[int, int]] | N
 
 
 async def run_staged(
-    group: Any, name: str, spec: Spec, arguments: dict[str, Any], invoke: Callable[[dict[str, Any]], Awaitable[Any]]
+    group: StagingGroup, name: str, spec: Spec, arguments: dict[str, Any], invoke: Callable[[dict[str, Any]], Awaitable[Any]]
 ) -> Any:
     """Run collective ``name`` of ``group`` with device operands, through pinned stand-ins.
 
     Loop thread. Call numbers are taken at once (the first step).
 
     Args:
-        group: the :class:`~asyncdist.group.process_group.ProcessGroup`.
+        group: the :class:`~asyncdist.group.process_group.ProcessGroup` (any :class:`~.seams.StagingGroup`).
         name: the collective's method name (a key of ``SPECS``).
         spec: its operands.
         arguments: its arguments by name, device arrays included.
@@ -281,7 +282,7 @@ async def _pipelined(
     chunks: list[tuple[int, int]],
     host_args: dict[str, Any],
     invoke: Callable[[dict[str, Any]], Awaitable[Any]],
-    reservation: Any,
+    reservation: CallNumbers,
     deadline: float,
     what: str,
 ) -> Any:

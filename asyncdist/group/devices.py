@@ -30,16 +30,28 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 from ..gpu.device import DeviceAdapter, adapter_for
 from ..gpu.operands import SPECS
 from ..gpu.pinned_staging import StagedP2P, run_staged
+from ..gpu.seams import StagingGroup
 from .calls import Calls
+from .collectives import Collectives
 from .p2p import PointToPoint, check_tag
 from .work import Work
 
+if TYPE_CHECKING:  # imported where a group is given NCCL (asyncdist.gpu.use_nccl)
+    from ..gpu.nccl import NcclBackend
+
 __all__ = ["Devices"]
+
+
+class _Group(StagingGroup, Protocol):
+    """The ProcessGroup, as its device collectives see it (it cannot be imported here)."""
+
+    @property
+    def collectives(self) -> Collectives: ...
 
 
 @functools.cache
@@ -91,9 +103,9 @@ class Devices:
         self._calls = calls
         self._members = calls.members
         self._p2p = p2p
-        self.nccl: Any = None
+        self.nccl: NcclBackend | None = None
 
-    async def collective(self, group: Any, method: Callable[..., Awaitable[Any]], args: tuple, kwargs: dict) -> Any:
+    async def collective(self, group: _Group, method: Callable[..., Awaitable[Any]], args: tuple, kwargs: dict) -> Any:
         """Run collective ``method`` (a host method of ``group``) with device operands.
 
         Args:

@@ -38,21 +38,61 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from ..engine.engine import Engine
 from ..errors import AsyncDistError, InvalidArgumentError, RendezvousError
 from ..reduce.op import ReduceOp
 from ..rendezvous import joins
+from ..rendezvous.store import Store
 from ..timeouts import as_seconds
+from .calls import Calls
 from .contexts import derived_contexts
-
-# The group is a ProcessGroup, typed Any here: process_group imports this
-# module, and the layers contract allows no cycle inside group/.
-ProcessGroup = Any
+from .members import Members
 
 __all__ = ["Admission", "grow", "ADMITTED_CONNECT_SECONDS"]
+
+G = TypeVar("G", bound="Growing")
+G_co = TypeVar("G_co", bound="Growing", covariant=True)
+
+
+class Growing(Protocol):
+    """A group, as growing it uses it: a ProcessGroup, which this module cannot
+    import (process_group imports it, and group/ allows no import cycle)."""
+
+    engine: Engine
+    members: Members
+    calls: Calls
+    store: Store | None  # set on the grown group: the store it takes over
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def ranks(self) -> tuple[int, ...]: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def timeout(self) -> float: ...
+
+    async def all_reduce(self, tensor: Any, op: Any = ...) -> None: ...
+
+    async def broadcast_object_list(self, object_list: list, src: int = ...) -> None: ...
+
+    async def barrier(self) -> None: ...
+
+    def pass_on(self: G, successor: G) -> None: ...
+
+
+class GroupMaker(Protocol[G_co]):
+    """Builds a group (the ProcessGroup constructor)."""
+
+    def __call__(self, engine: Engine, ranks: Sequence[int], *, name: str, timeout: float, first_call: int,
+                 contexts: Callable[[], int] | None) -> G_co: ...
 
 #: The longest the members wait for an admitted process to connect. A live
 #: one dials as soon as it reads its admission (well under a second); one that
@@ -99,9 +139,9 @@ class Admission:
         return {int(k): (str(host), int(port)) for k, (host, port) in self.addresses.items()}
 
 
-async def _claim(group: ProcessGroup, first_id: int, at_least: int, deadline: float) -> list[list[Any]]:
+async def _claim(group: Growing, store: Store, first_id: int, at_least: int, deadline: float) -> list[list[Any]]:
     """The leader's part: the newcomers as ``[id, host, port, slot]``, refusals answered."""
-    engine, store = group.engine, group.store
+    engine = group.engine
     newcomers: list[list[Any]] = []
     refusals: dict[int, dict[str, Any]] = {}
     for slot, registration in await joins.claim(store, at_least, deadline):
@@ -115,9 +155,8 @@ async def _claim(group: ProcessGroup, first_id: int, at_least: int, deadline: fl
     return newcomers
 
 
-async def _admit(group: ProcessGroup, newcomers: list[list[Any]], world_size: int, context: int) -> None:
+async def _admit(group: Growing, store: Store, newcomers: list[list[Any]], world_size: int, context: int) -> None:
     """The leader's part: publish each newcomer's address and admission."""
-    store = group.store
     for new_id, host, port, _ in newcomers:
         await store.async_set(f"rank/{new_id}/address", f"{host}:{port}")
     addresses: dict[str, list[Any]] = {}
@@ -137,7 +176,9 @@ def _label(newcomers: list[list[Any]]) -> str:
     return f"g{newcomers[0][0]}"
 
 
-async def grow(group: ProcessGroup, *, timeout: timedelta | float | None = None, min_joiners: int = 0) -> ProcessGroup:
+async def grow(
+    group: G, make: GroupMaker[G], *, timeout: timedelta | float | None = None, min_joiners: int = 0
+) -> G:
     """Admit the processes waiting to join (``init_world(..., join=True)``); return
     the bigger group, the same on members and newcomers (``ProcessGroup.grow``).
 
@@ -147,6 +188,7 @@ async def grow(group: ProcessGroup, *, timeout: timedelta | float | None = None,
 
     Args:
         group: the members' group (the world, or what a shrink left).
+        make: builds the grown group (``type(group)``: the ProcessGroup constructor).
         timeout: seconds (or a ``timedelta``) for the whole grow; None: the group's.
         min_joiners: wait until at least this many processes wait to join
             (0: admit whoever waits now, maybe nobody).
@@ -166,7 +208,8 @@ async def grow(group: ProcessGroup, *, timeout: timedelta | float | None = None,
         world = await world.grow()  # at a step the members choose
     """
     group.members.check_member()
-    if group.store is None:
+    store = group.store
+    if store is None:
         raise InvalidArgumentError(f"grow: group {group.name!r} has no store to find joining processes in")
     if type(min_joiners) is not int or min_joiners < 0:
         raise InvalidArgumentError(f"grow: min_joiners must be a non-negative int, got {min_joiners!r}")
@@ -179,7 +222,7 @@ async def grow(group: ProcessGroup, *, timeout: timedelta | float | None = None,
     plan: list[Any] = [None]
     if group.rank == 0:
         try:
-            plan[0] = await _claim(group, first_id, min_joiners, deadline)
+            plan[0] = await _claim(group, store, first_id, min_joiners, deadline)
         except AsyncDistError as exc:  # told to the others, who wait in the broadcast
             plan[0] = f"rank {engine.rank} (the grow's leader): {exc}"
     await group.broadcast_object_list(plan, src=0)
@@ -192,12 +235,12 @@ async def grow(group: ProcessGroup, *, timeout: timedelta | float | None = None,
     engine.widen(world_size, context)
     await group.barrier()  # every member accepts the newcomers' ids before any of them dials
     if group.rank == 0:
-        await _admit(group, newcomers, world_size, context)
+        await _admit(group, store, newcomers, world_size, context)
     new_ids = [n[0] for n in newcomers]
     await engine.connect({}, min(max(deadline - time.monotonic(), 0.001), ADMITTED_CONNECT_SECONDS), peers=new_ids)
-    grown = type(group)(engine, [*group.ranks, *new_ids], name=group.name, timeout=group.timeout, first_call=0,
-                        contexts=derived_contexts(group.calls.collective_context, _label(newcomers)))
-    grown.store = group.store
+    grown = make(engine, [*group.ranks, *new_ids], name=group.name, timeout=group.timeout, first_call=0,
+                 contexts=derived_contexts(group.calls.collective_context, _label(newcomers)))
+    grown.store = store
     group.pass_on(grown)
     await grown.barrier()
     return grown

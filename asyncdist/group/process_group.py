@@ -26,11 +26,12 @@ import inspect
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, Sequence, TypeVar
 
 from ..engine.channel import Channel
 from ..engine.engine import Engine
 from ..gpu.device import any_device
+from ..rendezvous.store import Store
 from .calls import CallReservation, Calls
 from .collectives import Collectives
 from .devices import Devices
@@ -43,6 +44,9 @@ from . import observing
 from .p2p import PointToPoint
 from .subgroups import Subgroups
 from .work import Work
+
+if TYPE_CHECKING:  # imported where a group is given NCCL (asyncdist.gpu.use_nccl)
+    from ..gpu.nccl import NcclBackend
 
 __all__ = ["ProcessGroup"]
 
@@ -113,7 +117,7 @@ class ProcessGroup:
         self.monitor = Monitor(self.calls)
         self.subgroups: Subgroups[ProcessGroup] = Subgroups(self.calls, self._child)
         self.faults: FaultTolerance[ProcessGroup] = FaultTolerance(self.calls, self._child)
-        self.store: Any = None
+        self.store: Store | None = None
         self._closers: list[Callable[[], Any]] = []
 
     def __repr__(self) -> str:
@@ -129,12 +133,12 @@ class ProcessGroup:
         self.calls.timeout = seconds
 
     @property
-    def nccl(self) -> Any:
+    def nccl(self) -> NcclBackend | None:
         """The group's :class:`~asyncdist.gpu.nccl.NcclBackend`, or None (device operands are staged)."""
         return self.devices.nccl
 
     @nccl.setter
-    def nccl(self, backend: Any) -> None:
+    def nccl(self, backend: NcclBackend | None) -> None:
         self.devices.nccl = backend
 
     # -- ranks -------------------------------------------------------------------------
@@ -351,7 +355,10 @@ class ProcessGroup:
         self.pass_on(group)
         return group
 
-    grow = grow  #: ``await group.grow(*, timeout=None, min_joiners=0)``: see :func:`asyncdist.group.growth.grow`
+    async def grow(self, *, timeout: timedelta | float | None = None, min_joiners: int = 0) -> ProcessGroup:
+        """Admit the processes waiting to join (``init_world(..., join=True)``); return the
+        bigger group, or this same one when nobody waits: see :func:`asyncdist.group.growth.grow`."""
+        return await grow(self, type(self), timeout=timeout, min_joiners=min_joiners)
 
     def pass_on(self, successor: ProcessGroup) -> None:
         """Give ``successor`` (shrunk or grown) what closing this group would release (the engine)."""

@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import torch.distributed as tdist
 
-from asyncdist_torch_hook import DEVICES
-
 from ..rendezvous.torch_store import TorchStore
 from .backend import create_backend
-from .process_group import BACKEND_NAME, AsyncdistProcessGroup
+from .process_group import BACKEND_NAME, DEVICES, AsyncdistProcessGroup
 from .shrinking import install
 from .work import TorchWork
 

@@ -40,8 +40,6 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 import torch.distributed as tdist
 
-from asyncdist_torch_hook import DEVICES
-
 from .._profiling import profiled
 from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
@@ -64,10 +62,15 @@ if TYPE_CHECKING:
         ScatterOptions,
     )
 
-__all__ = ["AsyncdistProcessGroup", "BACKEND_NAME"]
+__all__ = ["AsyncdistProcessGroup", "BACKEND_NAME", "DEVICES"]
+
+# asyncdist_torch_hook, which imports nothing of asyncdist, registers the backend with
+# copies of these two (tests/torch_backend/test_entry_point.py checks that they agree).
 
 #: The name under which the backend is registered with torch.
 BACKEND_NAME = "asyncdist"
+#: The devices whose tensors the backend serves (CUDA through pinned staging).
+DEVICES = ["cpu", "cuda"]
 
 # torch's SHRINK_ABORT flag (torch.distributed.distributed_c10d): revoke before shrinking.
 _SHRINK_ABORT = 0x01

@@ -45,5 +45,5 @@ def install() -> None:
         new_backend._set_group_desc(desc)
         return new_backend
 
-    create_shrunk.__asyncdist__ = True  # type: ignore[attr-defined]  # marks the installed wrapper
+    setattr(create_shrunk, "__asyncdist__", True)  # marks the installed wrapper
     c10d._create_shrunk_process_group = create_shrunk

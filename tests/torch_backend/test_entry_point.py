@@ -105,3 +105,12 @@ def test_the_asyncdist_errors_imported_first_become_torchs(plugin_path: str) -> 
     done = subprocess.run([sys.executable, "-c", code], env=_env(plugin_path), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def test_the_hook_registers_the_backend_under_its_own_name_and_devices() -> None:
+    # The hook keeps copies (importing the backend would import asyncdist's runtime).
+    import asyncdist_torch_hook
+    from asyncdist.torch_backend import process_group
+
+    assert asyncdist_torch_hook.BACKEND_NAME == process_group.BACKEND_NAME == "asyncdist"
+    assert asyncdist_torch_hook.DEVICES == process_group.DEVICES == ["cpu", "cuda"]
