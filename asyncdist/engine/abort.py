@@ -5,8 +5,8 @@ peer, a timeout, a cancellation), the ranks waiting on it would otherwise wait f
 that never comes, until their own timeout. Instead the failing rank sends
 an :class:`~asyncdist.wire.control.Abort` frame for the call (its context
 and tag) to every other member, and each of them fails the call's receives
-with the same kind of error,
-marked as relayed so that it is not relayed again.
+with the same kind of error, marked as relayed so that it is not relayed
+again.
 
 This module turns an error into an Abort frame and back (sans-I/O): the
 frame names the error's class, which is mapped back to a class here.

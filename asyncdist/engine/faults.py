@@ -4,9 +4,9 @@ Revoke, agree and shrink (:mod:`asyncdist.group.fault`) talk in control
 frames that bypass MPI matching: a :class:`~asyncdist.wire.control.Revoke`
 or :class:`~asyncdist.wire.control.Agree` frame is handed, as it arrives,
 to the handler its group registered for the frame's context (the group's
-collective context). A frame for a context nobody listens on
-yet (a group that a faster rank has made and this rank has not, such as the
-group a shrink returns) is kept until its handler comes, within a bound.
+collective context). A frame for a context nobody listens on yet (a group
+that a faster rank has made and this rank has not, such as the group a
+shrink returns) is kept until its handler comes, within a bound.
 
 Fail-stop is enforced here. A rank that drops a peer it believes dead while
 the peer may live (its heartbeat went silent, or an agreement counted it as

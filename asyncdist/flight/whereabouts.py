@@ -6,8 +6,7 @@ existing connection, a :class:`~asyncdist.wire.control.Where` frame naming
 the call's context. The peer's loop answers at once with a
 :class:`~asyncdist.wire.control.Here` frame: its latest operation of that
 context (or, if it kept none, its latest of any) from its flight recorder,
-as JSON. The waiting rank then logs one
-warning that names them all::
+as JSON. The waiting rank then logs one warning that names them all::
 
     all_reduce #57 on group world has waited 60 s for rank 3, which is at
     broadcast #56 (root 1) on group world (waiting for 61.2 s)

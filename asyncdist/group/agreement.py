@@ -9,8 +9,8 @@ members die during the instance, the coordinator included.
 The protocol is a rotating coordinator over a failure detector (the
 engine's: a stream that ends is a dead peer, a peer silent past the
 heartbeat timeout is expelled). Control frames
-(:class:`~asyncdist.wire.control.Agree`) carry it,
-outside MPI matching, so it works on a revoked group.
+(:class:`~asyncdist.wire.control.Agree`) carry it, outside MPI matching, so
+it works on a revoked group.
 
 * Each member sends its STATE (flag, the members it knows failed) to the
   *coordinator*: the lowest group rank it does not know failed. When that
