@@ -28,7 +28,7 @@ import logging
 import socket
 from typing import Callable, Iterable, Mapping
 
-from .abort import abort_header, error_from_abort
+from .abort import abort_frame, error_from_abort
 from .connecting import wait_for_peers
 from .faults import Faults
 from ..flight import Flight
@@ -44,7 +44,8 @@ from ..transport.mesh import Mesh
 from ..transport.shm_link import ShmPoller, shm_ring_bytes
 from ..transport.spinning import spin_seconds
 from ..transport.stream import Connection
-from ..wire.frames import DEFAULT_MAX_PAYLOAD_BYTES, FrameDecoder, Header, Kind, encode_header
+from ..wire import control
+from ..wire.frames import DEFAULT_MAX_PAYLOAD_BYTES, FrameDecoder, Header
 
 __all__ = ["Engine"]
 
@@ -258,10 +259,10 @@ class Engine:
 
     def send_abort(self, ranks: Iterable[int], ctx: int, tag: int, error: BaseException) -> None:
         """Tell ``ranks`` that call (ctx, tag) failed here with ``error`` (best effort)."""
-        header = abort_header(self.rank, ctx, tag, error)
+        frame = abort_frame(self.rank, ctx, tag, error)
         for rank in ranks:
             if (connection := self._connections.get(rank)) is not None:
-                connection.send_control(header)
+                connection.send_control(frame)
 
     def is_lost(self, rank: int, *, crashed: bool = False) -> bool:
         """Whether ``rank`` crashed or was expelled, or (unless ``crashed``) left in order."""
@@ -294,28 +295,28 @@ class Engine:
 
     # -- control frames (from each connection's PeerInbox) ------------------
 
-    def _control_frame(self, rank: int, header: Header) -> None:
-        """A frame without a message's payload; a PING's arrival was its point."""
-        if header.kind in (Kind.WAKE, Kind.RING):
+    def _control_frame(self, rank: int, frame: control.ControlFrame) -> None:
+        """A control frame from ``rank``; a Ping's arrival was its point."""
+        if isinstance(frame, (control.Wake, control.RingOffer, control.RingAccepted, control.RingRefused, control.RingBack)):
             if (rings := self._connections[rank].rings if rank in self._connections else None) is not None:
-                rings.on_wake() if header.kind == Kind.WAKE else rings.on_ring_frame(header)
-        elif header.kind == Kind.BYE:
-            self._peer_lost(rank, PeerLostError(goodbye(rank, header.tag), rank), orderly=True)
-        elif header.kind == Kind.ABORT:
-            error = error_from_abort(header)
-            failed_here = self._mailbox.call_error(header.ctx, header.tag) is not None
-            self.fail_call(header.ctx, header.tag, error)
-            watcher = self._abort_watchers.get(header.ctx)
+                rings.on_wake() if isinstance(frame, control.Wake) else rings.on_ring_frame(frame)
+        elif isinstance(frame, control.Bye):
+            self._peer_lost(rank, PeerLostError(goodbye(rank, frame.signal), rank), orderly=True)
+        elif isinstance(frame, control.Abort):
+            error = error_from_abort(frame)
+            failed_here = self._mailbox.call_error(frame.ctx, frame.tag) is not None
+            self.fail_call(frame.ctx, frame.tag, error)
+            watcher = self._abort_watchers.get(frame.ctx)
             if watcher is not None and not failed_here:
-                watcher(header.tag, error)
-        elif header.kind == Kind.DONE:
+                watcher(frame.tag, error)
+        elif isinstance(frame, control.Done):
             connection = self._connections.get(rank)
-            if connection is not None:  # else: it came after the peer's BYE, in the same read
+            if connection is not None:  # else: it came after the peer's goodbye, in the same read
                 connection.remote_done()
-        elif header.kind in (Kind.REVOKE, Kind.AGREE):
-            self.faults.frame(rank, header)
-        elif header.kind in (Kind.WHERE, Kind.HERE):
-            self.flight.control(rank, header)
+        elif isinstance(frame, (control.Revoke, control.Agree, control.Expel)):
+            self.faults.frame(rank, frame)
+        elif isinstance(frame, (control.Where, control.Here)):
+            self.flight.control(rank, frame)
 
     # -- failures --------------------------------------------------------------
 
@@ -374,7 +375,7 @@ class Engine:
         await self._heartbeat.stop()
         if self._rings is not None:
             self._rings.stop()
-        bye = encode_header(Header(Kind.BYE, 0, self.rank, self.farewell_signal, 0, "uint8", (), 0))
+        bye = control.encode_control(control.Bye(self.rank, self.farewell_signal))
         drains = []
         for connection in list(self._connections.values()):  # a failed write loses its peer
             try:

@@ -1,17 +1,18 @@
 """The engine's part of fault tolerance: control frames of groups, exclusion, revoked contexts.
 
 Revoke, agree and shrink (:mod:`asyncdist.group.fault`) talk in control
-frames that bypass MPI matching: a ``REVOKE`` or ``AGREE`` frame is handed,
-as it arrives, to the handler its group registered for the frame's context
-(the group's collective context). A frame for a context nobody listens on
-yet (a group that a faster rank has made and this rank has not, such as the
-group a shrink returns) is kept until its handler comes, within a bound.
+frames that bypass MPI matching: a :class:`~asyncdist.wire.control.Revoke`
+or :class:`~asyncdist.wire.control.Agree` frame is handed, as it arrives,
+to the handler its group registered for the frame's context (the group's
+collective context). A frame for a context nobody listens on yet (a group
+that a faster rank has made and this rank has not, such as the group a
+shrink returns) is kept until its handler comes, within a bound.
 
 Fail-stop is enforced here. A rank that drops a peer it believes dead while
 the peer may live (its heartbeat went silent, or an agreement counted it as
-failed) first sends it an *expulsion notice*: an ``AGREE`` frame with tag
-:data:`EXPEL_TAG`. A rank that reads one is excluded from the job: every
-operation it has pending or starts later fails with
+failed) first sends it an *expulsion notice*
+(:class:`~asyncdist.wire.control.Expel`). A rank that reads one is excluded
+from the job: every operation it has pending or starts later fails with
 :class:`~asyncdist.errors.RankExcludedError`, so a paused process that wakes
 up after the others went on without it cannot form a job of its own.
 
@@ -28,23 +29,20 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import AsyncDistError, ClosedError, PeerLostError, RankExcludedError
-from ..wire.frames import Header, Kind, encode_header
+from ..wire.control import Agree, ControlFrame, Expel, Revoke, encode_control
 from .mailbox import Mailbox
 
 if TYPE_CHECKING:
     from ..transport.stream import Connection
 
-__all__ = ["Faults", "EXPEL_TAG"]
+__all__ = ["Faults"]
 
-#: The tag of an AGREE frame that is an expulsion notice (agreement instances are >= 0).
-EXPEL_TAG = -1
 # Control frames kept for contexts that have no handler yet: a shrink's new group
 # gets a few frames per member before it exists everywhere; beyond this, the
 # oldest are dropped (a context that never gets a handler must not grow memory).
 _MAX_EARLY_FRAMES = 4096
-_MAX_REASON_CHARS = 2000
 
-Handler = Callable[[int, Header], None]
+Handler = Callable[[int, Revoke | Agree], None]
 
 
 class Faults:
@@ -75,7 +73,7 @@ class Faults:
         self._connections = connections
         self._lose = lose
         self._handlers: dict[int, Handler] = {}
-        self._early: deque[tuple[int, Header]] = deque(maxlen=_MAX_EARLY_FRAMES)
+        self._early: deque[tuple[int, Revoke | Agree]] = deque(maxlen=_MAX_EARLY_FRAMES)
         self._forgotten: set[int] = set()
         self._watchers: list[Callable[[int], None]] = []
         self._revoked: dict[int, AsyncDistError] = {}
@@ -85,14 +83,14 @@ class Faults:
     # -- control frames -----------------------------------------------------------
 
     def listen(self, ctx: int, handler: Handler) -> Callable[[], None]:
-        """Hand every REVOKE and AGREE frame of context ``ctx`` to ``handler(src, header)``,
+        """Hand every Revoke and Agree frame of context ``ctx`` to ``handler(src, frame)``,
         those kept from before first; returns the function that stops it."""
         self._handlers[ctx] = handler
         early = [item for item in self._early if item[1].ctx == ctx]
         if early:
             self._early = deque((item for item in self._early if item[1].ctx != ctx), maxlen=_MAX_EARLY_FRAMES)
-            for src, header in early:
-                handler(src, header)
+            for src, frame in early:
+                handler(src, frame)
 
         def forget() -> None:
             if self._handlers.get(ctx) is handler:
@@ -101,21 +99,21 @@ class Faults:
 
         return forget
 
-    def frame(self, src: int, header: Header) -> None:
-        """A REVOKE or AGREE frame arrived from rank ``src``."""
-        if header.kind == Kind.AGREE and header.tag == EXPEL_TAG:
-            self.exclude(f"rank {self.rank} was excluded from the job by rank {src}: {header.op}")
+    def frame(self, src: int, frame: Revoke | Agree | Expel) -> None:
+        """A Revoke, Agree or Expel frame arrived from rank ``src``."""
+        if isinstance(frame, Expel):
+            self.exclude(f"rank {self.rank} was excluded from the job by rank {src}: {frame.reason}")
             return
-        handler = self._handlers.get(header.ctx)
+        handler = self._handlers.get(frame.ctx)
         if handler is not None:
-            handler(src, header)
-        elif header.ctx not in self._forgotten:
-            self._early.append((src, header))
+            handler(src, frame)
+        elif frame.ctx not in self._forgotten:
+            self._early.append((src, frame))
 
-    def send(self, rank: int, header: Header) -> bool:
-        """Send a header-only control frame to ``rank`` (best effort); False if it is lost."""
+    def send(self, rank: int, frame: ControlFrame) -> bool:
+        """Send a control frame to ``rank`` (best effort); False if it is lost."""
         connection = self._connections.get(rank)
-        return connection is not None and connection.send_control(header)
+        return connection is not None and connection.send_control(frame)
 
     # -- losses and exclusion -------------------------------------------------------
 
@@ -150,7 +148,7 @@ class Faults:
 
     def notice(self, reason: str) -> bytes:
         """The encoded expulsion notice that tells a peer why it is dropped."""
-        return encode_header(Header(Kind.AGREE, 0, self.rank, EXPEL_TAG, 0, "uint8", (), 0, reason[:_MAX_REASON_CHARS]))
+        return encode_control(Expel(self.rank, reason))
 
     def exclude(self, message: str) -> None:
         """This rank is out of the job: fail everything pending, now and later."""

@@ -13,7 +13,8 @@ its frame decoder's sink: it routes each payload as its header arrives,
 * else into a buffer of its own, as an unexpected message, copied (or
   folded) once when its receive is posted.
 
-Control frames (heartbeat, goodbye, abort, DONE) go to the engine. Loop
+Control frames (heartbeat, goodbye, abort, DONE, …) go to the engine,
+decoded into their :mod:`~asyncdist.wire.control` values. Loop
 thread only; nothing here touches sockets but through the connection.
 
 A payload that needs a buffer of its own and that this process cannot hold
@@ -36,6 +37,7 @@ from ..errors import AsyncDistError, FrameTooLargeError, ProtocolError
 from ..flight.counters import Counters
 from .matching import Inbound, Matcher, PostedRecv, misfit
 from ..buffers.scratch import pool
+from ..wire.control import ControlFrame, decode_control
 from ..wire.frames import Header, Kind
 
 if TYPE_CHECKING:
@@ -238,8 +240,8 @@ class PeerInbox:
     Args:
         mailbox: the rank's mailbox, where payloads are routed.
         rank: the peer's rank.
-        on_control: called with the peer's rank and each frame that carries
-            no payload of a message (heartbeat, goodbye, abort, DONE).
+        on_control: called with the peer's rank and each control frame
+            (heartbeat, goodbye, abort, DONE, …), decoded.
         counters: where arriving messages are counted (None: not counted).
 
     Attributes:
@@ -250,7 +252,7 @@ class PeerInbox:
     __slots__ = ("_mailbox", "rank", "_on_control", "connection", "current", "_staged", "_counters")
 
     def __init__(
-        self, mailbox: Mailbox, rank: int, on_control: Callable[[int, Header], None], counters: Counters | None = None
+        self, mailbox: Mailbox, rank: int, on_control: Callable[[int, ControlFrame], None], counters: Counters | None = None
     ) -> None:
         self._counters = counters  # received messages and bytes, per peer
         self._mailbox = mailbox
@@ -265,7 +267,7 @@ class PeerInbox:
 
     def frame_received(self, header: Header, payload: memoryview) -> None:
         if header.kind not in _PAYLOAD_KINDS:
-            self._on_control(self.rank, header)
+            self._on_control(self.rank, decode_control(header))
             return
         counters = self._counters
         if counters is not None:

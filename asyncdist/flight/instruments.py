@@ -16,7 +16,7 @@ from typing import Mapping
 
 from ..errors import PeerLostError
 from ..transport.stream import Connection
-from ..wire.frames import Header, Kind
+from ..wire.control import Here, Where
 from ..wire.handshake import Identity
 from .counters import Counters
 from .dumps import Dumps
@@ -50,12 +50,12 @@ class Flight:
         self.counters.widen(world_size)
         self.dumps.world_size = world_size
 
-    def control(self, rank: int, header: Header) -> None:
-        """A WHERE or HERE frame from ``rank``."""
-        if header.kind == Kind.WHERE:
-            self.whereabouts.question(rank, header)
+    def control(self, rank: int, frame: Where | Here) -> None:
+        """A Where or Here frame from ``rank``."""
+        if isinstance(frame, Where):
+            self.whereabouts.question(rank, frame)
         else:
-            self.whereabouts.answer(rank, header)
+            self.whereabouts.answer(rank, frame)
 
     def peer_lost(self, rank: int, error: PeerLostError, *, orderly: bool, closing: bool) -> None:
         """The engine lost ``rank``: a failure to dump, unless this rank is closing, or

@@ -2,11 +2,11 @@
 
 When a collective call has waited ``ASYNCDIST_HANG_WARN`` seconds (default
 60; 0 turns it off), its channel asks each peer it still waits on, over the
-existing connection, a ``WHERE`` frame naming the call's context. The peer's
-loop answers at once with a ``HERE`` frame: its latest operation of that
+existing connection, a :class:`~asyncdist.wire.control.Where` frame naming
+the call's context. The peer's loop answers at once with a
+:class:`~asyncdist.wire.control.Here` frame: its latest operation of that
 context (or, if it kept none, its latest of any) from its flight recorder,
-as JSON in the header's description field. The waiting rank then logs one
-warning that names them all::
+as JSON. The waiting rank then logs one warning that names them all::
 
     all_reduce #57 on group world has waited 60 s for rank 3, which is at
     broadcast #56 (root 1) on group world (waiting for 61.2 s)
@@ -30,7 +30,7 @@ from .. import settings
 from .descriptions import short
 from .recorder import Recorder
 from ..transport.stream import Connection
-from ..wire.frames import Header, Kind
+from ..wire.control import ControlFrame, Here, Where
 
 __all__ = ["Whereabouts", "HANG_WARN_ENV", "hang_warn_from_env"]
 
@@ -96,7 +96,7 @@ class Whereabouts:
             since: when it began (loop time).
             kind: "collective", or "p2p" for a message (named by its
                 description; its peers answer with their latest operation of
-                any context: the question's ``seq`` is 1).
+                any context: the question's ``any_context``).
         """
         waited = self._recorder.clock() - since
         report = self._report(ctx, seq, short(desc, seq, group, kind), members, awaited, waited, kind != "collective")
@@ -109,7 +109,7 @@ class Whereabouts:
         qid = self._next = self._next + 1
         future = asyncio.get_running_loop().create_future()
         answers: dict[int, Any] = {}
-        question = Header(Kind.WHERE, ctx, self._rank, qid, int(any_context), "uint8", (), 0)
+        question = Where(self._rank, ctx, qid, any_context)
         waiting = {peer for peer in members if self._send(peer, question)}
         self._questions[qid] = (waiting, answers, future)
         try:
@@ -126,19 +126,19 @@ class Whereabouts:
         clauses = " and ".join(_peer_clause(p, answers.get(p), p in answers) for p in named)
         log.warning("rank %d: %s has waited %.3g s for %s", self._rank, what, waited, clauses)
 
-    def question(self, rank: int, header: Header) -> None:
-        """A peer asks where this rank is in context ``header.ctx``: answer it."""
-        answer = json.dumps(self._recorder.where(None if header.seq else header.ctx))
-        self._send(rank, Header(Kind.HERE, header.ctx, self._rank, header.tag, 0, "uint8", (), 0, answer))
+    def question(self, rank: int, frame: Where) -> None:
+        """A peer asks where this rank is in context ``frame.ctx``: answer it."""
+        answer = json.dumps(self._recorder.where(None if frame.any_context else frame.ctx))
+        self._send(rank, Here(self._rank, frame.ctx, frame.question, answer))
 
-    def answer(self, rank: int, header: Header) -> None:
-        """A peer answered question ``header.tag``."""
-        question = self._questions.get(header.tag)
+    def answer(self, rank: int, frame: Here) -> None:
+        """A peer answered question ``frame.question``."""
+        question = self._questions.get(frame.question)
         if question is None:
             return  # too late: the warning has been logged
         waiting, answers, future = question
         try:
-            answers[rank] = answer = json.loads(header.op)
+            answers[rank] = answer = json.loads(frame.answer)
         except ValueError:
             answers[rank] = answer = None
         if isinstance(answer, dict):  # kept for the dump: the analyzer's word on a rank that leaves none
@@ -147,10 +147,10 @@ class Whereabouts:
         if not waiting and not future.done():
             future.set_result(None)
 
-    def _send(self, rank: int, header: Header) -> bool:
-        """Send a frame without payload to ``rank``; False if it cannot go."""
+    def _send(self, rank: int, frame: ControlFrame) -> bool:
+        """Send a control frame to ``rank``; False if it cannot go."""
         connection = self._connections.get(rank)
-        return connection is not None and connection.send_control(header)
+        return connection is not None and connection.send_control(frame)
 
     async def close(self) -> None:
         """Log the warnings still waiting for answers with what came, and end them."""

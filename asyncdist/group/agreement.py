@@ -8,8 +8,9 @@ members die during the instance, the coordinator included.
 
 The protocol is a rotating coordinator over a failure detector (the
 engine's: a stream that ends is a dead peer, a peer silent past the
-heartbeat timeout is expelled). Control frames (``Kind.AGREE``) carry it,
-outside MPI matching, so it works on a revoked group.
+heartbeat timeout is expelled). Control frames
+(:class:`~asyncdist.wire.control.Agree`) carry it, outside MPI matching, so
+it works on a revoked group.
 
 * Each member sends its STATE (flag, the members it knows failed) to the
   *coordinator*: the lowest group rank it does not know failed. When that
@@ -47,7 +48,7 @@ from typing import Iterable
 from ..engine.channel import wait_until
 from ..engine.engine import Engine
 from ..errors import ClosedError, InvalidArgumentError, OperationTimeoutError
-from ..wire.frames import Header, Kind
+from ..wire.control import Agree
 from .members import Members
 
 __all__ = ["Agreement", "Decision"]
@@ -104,7 +105,7 @@ class Agreement:
         self._members = members
         self._ctx = ctx
         self._decided: OrderedDict[int, Decision] = OrderedDict()
-        self._early: dict[int, list[tuple[int, Header]]] = {}
+        self._early: dict[int, list[tuple[int, Agree]]] = {}
         self._early_count = 0
         self._current: _Instance | None = None
         self._next = 0  # the number of this rank's next instance
@@ -143,9 +144,9 @@ class Agreement:
         loop = asyncio.get_running_loop()
         inst = self._current = _Instance(k, flag, loop.create_future())
         try:
-            for src, header in self._early.pop(k, []):
+            for src, frame in self._early.pop(k, []):
                 self._early_count -= 1
-                self._handle(inst, src, header)
+                self._handle(inst, src, frame)
             self._progress()
             return await wait_until(inst.future, loop.time() + timeout, lambda: self._timeout(inst, timeout, what))
         finally:
@@ -166,7 +167,7 @@ class Agreement:
     # -- the protocol ------------------------------------------------------------------
 
     def _send(self, rank: int, k: int, step: int, body: str) -> None:
-        self._engine.faults.send(rank, Header(Kind.AGREE, self._ctx, self._members.me, k, step, "uint8", (), 0, body))
+        self._engine.faults.send(rank, Agree(self._members.me, self._ctx, k, step, body))
 
     def _progress(self) -> None:
         """Act on what is known now: send STATE to the coordinator, or coordinate."""
@@ -222,41 +223,41 @@ class Agreement:
 
     # -- arrivals ------------------------------------------------------------------------
 
-    def frame(self, src: int, header: Header) -> None:
-        """An AGREE frame of this group arrived from global rank ``src``."""
-        k = header.tag
+    def frame(self, src: int, frame: Agree) -> None:
+        """An Agree frame of this group arrived from global rank ``src``."""
+        k = frame.instance
         if src not in self._members.others:
             return
         decided = self._decided.get(k)
         if decided is not None:  # finished here: tell whoever asks
-            if header.seq in (STATE, QUERY):
+            if frame.step in (STATE, QUERY):
                 self._send(src, k, DECIDE, _body(0, decided.failed, decided))
             return
         inst = self._current
         if inst is not None and inst.k == k:
-            self._handle(inst, src, header)
+            self._handle(inst, src, frame)
             self._progress()
         elif k >= self._next - (inst is not None) and self._early_count < _MAX_EARLY:
-            self._early.setdefault(k, []).append((src, header))
+            self._early.setdefault(k, []).append((src, frame))
             self._early_count += 1
 
-    def _handle(self, inst: _Instance, src: int, header: Header) -> None:
+    def _handle(self, inst: _Instance, src: int, frame: Agree) -> None:
         try:
-            body = json.loads(header.op)
+            body = json.loads(frame.body)
             flag, failed = int(body["f"]), [int(r) for r in body["F"]]
             decided = Decision(int(body["d"][0]), frozenset(int(r) for r in body["d"][1])) if "d" in body else None
         except (ValueError, KeyError, TypeError, IndexError):
             return  # not from a well-behaved member of this job; the peer is authenticated, so a bug
-        if header.seq == DECIDE and decided is not None:
+        if frame.step == DECIDE and decided is not None:
             # Those that sent their STATE here wait on this rank: a coordinator
             # that adopts an earlier one's decision passes it on.
             self._finish(inst, decided, [r for r in inst.states if r != src])
             return
         if self._merge(failed):
             return
-        if header.seq == STATE:
+        if frame.step == STATE:
             inst.states[src] = flag
-        elif header.seq == QUERY:
+        elif frame.step == QUERY:
             inst.sent_to = src
             self._send(src, inst.k, STATE, _body(inst.flag, self.failed()))
 

@@ -30,7 +30,7 @@ from typing import Callable, Generic, Sequence, TypeVar
 
 from ..errors import GroupRevokedError, InvalidArgumentError
 from ..timeouts import as_seconds
-from ..wire.frames import Header, Kind
+from ..wire.control import Agree, Revoke
 from .agreement import Agreement, Decision
 from .calls import Calls
 from .contexts import derived_contexts
@@ -143,17 +143,17 @@ class FaultTolerance(Generic[G]):
             self.revoked = GroupRevokedError(f"rank {m.me}: group {m.name!r} was revoked here", by)
         else:
             self.revoked = GroupRevokedError(f"rank {m.me}: group {m.name!r} was revoked by rank {by}", by)
-        frame = Header(Kind.REVOKE, self._ctx, m.me, by, 0, "uint8", (), 0)
+        frame = Revoke(m.me, self._ctx, by)
         for r in m.others:  # first, so that it overtakes the ABORTs of the calls it fails
             self._engine.faults.send(r, frame)
         calls = self._calls
         for ctx in (calls.p2p_context, calls.collective_context, calls.announcement_context):
             self._engine.faults.revoke(ctx, self.revoked)
 
-    def _frame(self, src: int, header: Header) -> None:
+    def _frame(self, src: int, frame: Revoke | Agree) -> None:
         if src not in self._members.others:
             return
-        if header.kind == Kind.REVOKE:
-            self._revoke(header.tag)
+        if isinstance(frame, Revoke):
+            self._revoke(frame.by)
         else:
-            self.agreement.frame(src, header)
+            self.agreement.frame(src, frame)

@@ -47,7 +47,7 @@ from typing import Callable, Mapping
 
 from .. import settings
 from ..errors import InvalidArgumentError, PeerLostError
-from ..wire.frames import Header, Kind, encode_header
+from ..wire.control import Ping, encode_control
 from .stream import Connection
 
 __all__ = ["HeartbeatConfig", "Heartbeat", "INTERVAL_ENV", "TIMEOUT_ENV"]
@@ -130,7 +130,7 @@ class Heartbeat:
         self.config = config
         self._connections = connections
         self._on_silent = on_silent
-        self._ping = encode_header(Header(Kind.PING, 0, rank, 0, 0, "uint8", (), 0))
+        self._ping = encode_control(Ping(rank))
         self._task: asyncio.Task | None = None
         self._last_tick = 0.0
 

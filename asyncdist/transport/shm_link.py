@@ -11,11 +11,12 @@ stream (a peer that dies closes it, which is how its loss is noticed).
 Agreement, per direction, all on the socket:
 
 1. each end makes a ring for the peer to write and *offers* it
-   (``Kind.RING``, seq 0: its pid in ``ctx``, the descriptor in ``tag``,
-   the nonce in ``op``, the capacity in ``shape``);
-2. the peer opens it and answers *accepted* (seq 1) as the last frame it
-   writes to the socket before writing to the ring, or *refused* (seq 2)
-   if it cannot (another host, ``ASYNCDIST_SHM=0`` there, no ``/proc``);
+   (:class:`~asyncdist.wire.control.RingOffer`: its pid, the ring's
+   descriptor, nonce and capacity);
+2. the peer opens it and answers *accepted* (``RingAccepted``) as the last
+   frame it writes to the socket before writing to the ring, or *refused*
+   (``RingRefused``) if it cannot (another host, ``ASYNCDIST_SHM=0`` there,
+   no ``/proc``);
 3. the offering end reads the ring from the moment it reads "accepted",
    so nothing that came before on the socket is overtaken.
 
@@ -25,8 +26,8 @@ reader not polling (it would have to be woken, which the socket's own
 bytes do), goes on the socket instead, where the kernel holds it as it
 would have without rings (also after this process ends): the writer marks
 the switch in the ring, and sends every frame on the socket until one can
-go to the ring again; then it sends *back* (seq 3, the switch's number in
-``tag``) on the socket and writes to the ring. The reader reads the ring
+go to the ring again; then it sends *back* (``RingBack``, with the switch's
+number) on the socket and writes to the ring. The reader reads the ring
 up to the switch, then the socket up to *back*, then the ring again, so
 the frames keep their order: whenever bytes come off the socket it first
 reads the ring, which holds whatever was written before them.
@@ -34,7 +35,7 @@ reads the ring, which holds whatever was written before them.
 A reader that stops polling says so, then looks at the ring once more: a
 frame written by a writer that saw it polling is still taken. Only a
 writer that finds, after writing, that the reader has just stopped rings
-it (a ``Kind.WAKE`` frame on the socket), and only if no earlier wake-up is
+it (a ``Wake`` frame on the socket), and only if no earlier wake-up is
 unanswered.
 
 Loop thread only; nothing here blocks or raises into the loop.
@@ -50,7 +51,8 @@ from typing import Callable, Mapping, Sequence
 
 from .. import settings
 from ..errors import PeerLostError, ProtocolError
-from ..wire.frames import FrameDecoder, Header, Kind, encode_header
+from ..wire.control import RingAccepted, RingBack, RingFrame, RingOffer, RingRefused, Wake, encode_control
+from ..wire.frames import FrameDecoder
 from . import cma
 from .shm_ring import ShmRing, supported
 from .spinning import may_spin
@@ -59,7 +61,6 @@ __all__ = ["ShmLink", "ShmPoller", "shm_ring_bytes", "SHM_ENV", "RING_BYTES_ENV"
 
 log = logging.getLogger("asyncdist.transport")
 
-_OFFER, _ACCEPTED, _REFUSED, _BACK = 0, 1, 2, 3
 #: "0" turns the shared-memory rings off (default on, where :func:`supported`).
 SHM_ENV = settings.name_of("shm")
 #: Bytes of each ring (a power of two, at least 4096).
@@ -215,7 +216,7 @@ class ShmLink:
         self._out: ShmRing | None = None  # the peer's ring, which this rank writes
         self._switched = 0  # the switch to the socket this rank's frames are under (0: none)
         self._draining = False
-        self._wake = encode_header(Header(Kind.WAKE, 0, me, 0, 0, "uint8", (), 0))
+        self._wake = encode_control(Wake(me))
 
     @property
     def writing(self) -> bool:
@@ -237,44 +238,43 @@ class ShmLink:
         except OSError as exc:
             log.info("rank %d: no shared-memory ring for rank %d: %s", self._me, self.peer, exc)
             return
-        self._send(_OFFER, ctx=os.getpid(), tag=self._offered_fd, op=nonce.hex(), shape=(self._capacity,))
+        self._send(RingOffer(self._me, os.getpid(), self._offered_fd, nonce, self._capacity))
 
-    def on_ring_frame(self, header: Header) -> None:
-        """The peer offered a ring, or answered this rank's offer."""
-        if header.seq == _OFFER:
-            self._open_peer_ring(header)
-        elif header.seq == _ACCEPTED and self._in is not None and not self.reading:
+    def on_ring_frame(self, frame: RingFrame) -> None:
+        """The peer offered a ring, answered this rank's offer, or writes to the ring again."""
+        if isinstance(frame, RingOffer):
+            self._open_peer_ring(frame)
+        elif isinstance(frame, RingAccepted) and self._in is not None and not self.reading:
             self._close_offered_fd()
             self.reading = True
             self._poller.add(self)
             self.drain()  # what the peer wrote before its answer was read
-        elif header.seq == _BACK and self._in is not None and self.reading:
-            self._in.resume(header.tag)
+        elif isinstance(frame, RingBack) and self._in is not None and self.reading:
+            self._in.resume(frame.switch)
             self.drain()
-        elif header.seq == _REFUSED:
+        elif isinstance(frame, RingRefused):
             self._close_offered_fd()
             if self._in is not None and not self.reading:
                 self._in.close()
                 self._in = None
         else:
-            raise ProtocolError(f"rank {self.peer} sent a ring frame this rank cannot use (step {header.seq})")
+            raise ProtocolError(f"rank {self.peer} sent a ring frame this rank cannot use now: {frame}")
 
-    def _open_peer_ring(self, header: Header) -> None:
+    def _open_peer_ring(self, offer: RingOffer) -> None:
         if not self._accept:
-            self._send(_REFUSED)
+            self._send(RingRefused(self._me))
             return
         try:
-            (capacity,) = header.shape
-            ring = ShmRing.attach(header.ctx, header.tag, bytes.fromhex(header.op), capacity)
+            ring = ShmRing.attach(offer.pid, offer.fd, offer.nonce, offer.capacity)
         except (OSError, ValueError) as exc:
             log.debug("rank %d cannot write rank %d's ring: %s", self._me, self.peer, exc)
-            self._send(_REFUSED)
+            self._send(RingRefused(self._me))
             return
-        self._send(_ACCEPTED)  # the last frame on the socket before the ring's
+        self._send(RingAccepted(self._me))  # the last frame on the socket before the ring's
         self._out = ring
 
-    def _send(self, step: int, *, ctx: int = 0, tag: int = 0, op: str = "", shape: tuple[int, ...] = ()) -> None:
-        self._send_on_socket(encode_header(Header(Kind.RING, ctx, self._me, tag, step, "uint8", shape, 0, op)), None)
+    def _send(self, frame: RingFrame) -> None:
+        self._send_on_socket(encode_control(frame), None)
 
     def _close_offered_fd(self) -> None:
         if self._offered_fd >= 0:
@@ -296,7 +296,7 @@ class ShmLink:
                 self._switched = ring.switch()
             return self._send_on_socket(header, payload)
         if self._switched:
-            self._send(_BACK, tag=self._switched)  # the socket's last frame before the ring's again
+            self._send(RingBack(self._me, self._switched))  # the socket's last frame before the ring's again
             self._switched = 0
         ring.put(memoryview(header))
         if payload is not None and payload.nbytes:

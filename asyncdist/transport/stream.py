@@ -42,6 +42,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..errors import PeerLostError, ProtocolError
+from ..wire.control import ControlFrame, Done, encode_control
 from ..wire.frames import FrameDecoder, FrameSink, Header, Kind, encode_header
 from ..wire.handshake import PeerMemoryReader
 from . import cma
@@ -125,7 +126,7 @@ class Connection:
         self.peer_memory = peer_memory
         self.peer_reads_me = peer_reads_me
         self._by_memory_from = cma.min_bytes()
-        self._done_frame = encode_header(Header(Kind.DONE, 0, me, 0, 0, "uint8", (), 0))
+        self._done_frame = encode_control(Done(me))
         self._me = me
         self.rings: ShmLink | None = None  # the shared-memory rings, once offered (use_rings)
         self.closed = False
@@ -136,10 +137,10 @@ class Connection:
 
     # -- writing -----------------------------------------------------------
 
-    def send_control(self, header: Header) -> bool:
-        """Send a frame without payload, best effort (control frames); False if closed."""
+    def send_control(self, frame: ControlFrame) -> bool:
+        """Send a control frame, best effort; False if closed."""
         try:
-            self.send_frame(encode_header(header), None)
+            self.send_frame(encode_control(frame), None)
         except PeerLostError:
             return False
         return True

@@ -1,8 +1,9 @@
-"""Tests for asyncdist.engine.abort: an error turned into an ABORT header, through
+"""Tests for asyncdist.engine.abort: an error turned into an Abort frame, through
 the wire's encoder and decoder, and back into the error the other ranks raise.
 
-Each kind of error is sent through real frame bytes (``encode_header`` /
-``decode_header``); the expected fields and messages are written out. The last
+Each kind of error is sent through real frame bytes (``encode_control`` /
+``decode_header`` / ``decode_control``); the expected fields and messages are
+written out. The last
 test runs the round trip between ranks of a local world: one rank's call fails,
 the others' receives of that call fail with the relayed error, and nobody
 relays a relayed error again.
@@ -16,8 +17,7 @@ import numpy as np
 import pytest
 
 from asyncdist.buffers.host import as_host_buffer
-from asyncdist.engine import abort
-from asyncdist.engine.abort import abort_header, error_from_abort, is_relayed
+from asyncdist.engine.abort import abort_frame, error_from_abort, is_relayed
 from asyncdist.engine.engine import Engine
 from asyncdist.errors import (
     AsyncDistError,
@@ -30,15 +30,26 @@ from asyncdist.errors import (
     StoreTimeoutError,
 )
 from asyncdist.testing import local_world
+from asyncdist.wire.control import MAX_REASON_CHARS, Abort, decode_control, encode_control
 from asyncdist.wire.frames import PREFIX, Header, Kind, decode_header, encode_header
 
 
-def _through_the_wire(header: Header) -> Header:
-    """The header as the receiving rank's decoder gives it back."""
-    frame = encode_header(header)
-    (length,) = PREFIX.unpack_from(frame)
-    assert length == len(frame) - PREFIX.size
-    return decode_header(frame[PREFIX.size :])
+def _through_the_wire(frame: Abort) -> Abort:
+    """The frame as the receiving rank's decoder gives it back."""
+    encoded = encode_control(frame)
+    (length,) = PREFIX.unpack_from(encoded)
+    assert length == len(encoded) - PREFIX.size
+    back = decode_control(decode_header(encoded[PREFIX.size :]))
+    assert isinstance(back, Abort)
+    return back
+
+
+def _from_header(header: Header) -> Abort:
+    """The Abort frame a peer's own header reads as (fields of protocol version 4)."""
+    encoded = encode_header(header)
+    back = decode_control(decode_header(encoded[PREFIX.size :]))
+    assert isinstance(back, Abort)
+    return back
 
 
 @pytest.mark.parametrize(
@@ -55,11 +66,11 @@ def _through_the_wire(header: Header) -> Header:
     ],
 )
 def test_an_error_round_trips_as_its_kind_with_its_message(error: Exception, kind: type) -> None:
-    header = abort_header(2, 5, 9, error)
-    assert header == Header(Kind.ABORT, 5, 2, 9, 9, header.dtype, (), 0, str(error))
-    assert header.dtype == (type(error).__name__ if kind is not AsyncDistError else "AsyncDistError")
+    frame = abort_frame(2, 5, 9, error)
+    assert frame == Abort(2, 5, 9, frame.error, str(error), None)
+    assert frame.error == (type(error).__name__ if kind is not AsyncDistError else "AsyncDistError")
 
-    back = error_from_abort(_through_the_wire(header))
+    back = error_from_abort(_through_the_wire(frame))
     assert type(back) is kind
     assert str(back) == f"{error} (relayed by rank 2)"
     assert back.relayed_from == 2
@@ -68,10 +79,10 @@ def test_an_error_round_trips_as_its_kind_with_its_message(error: Exception, kin
 
 def test_a_lost_peer_round_trips_with_the_rank_that_was_lost() -> None:
     error = PeerLostError("rank 1 lost rank 3: connection reset", 3)
-    header = abort_header(1, 0, 4, error)
-    assert (header.kind, header.dtype, header.shape, header.op) == (Kind.ABORT, "PeerLostError", (3,), str(error))
+    frame = abort_frame(1, 0, 4, error)
+    assert (frame.error, frame.lost, frame.reason) == ("PeerLostError", 3, str(error))
 
-    back = error_from_abort(_through_the_wire(header))
+    back = error_from_abort(_through_the_wire(frame))
     assert type(back) is PeerLostError
     assert back.rank == 3  # the rank that was lost, not the one that relayed it
     assert str(back) == "rank 1 lost rank 3: connection reset (relayed by rank 1)"
@@ -79,20 +90,18 @@ def test_a_lost_peer_round_trips_with_the_rank_that_was_lost() -> None:
 
 
 def test_a_lost_peer_without_a_rank_names_the_sender() -> None:
-    header = Header(Kind.ABORT, 0, 6, 2, 2, "PeerLostError", (), 0, "gone")
-    back = error_from_abort(_through_the_wire(header))
+    back = error_from_abort(_from_header(Header(Kind.ABORT, 0, 6, 2, 2, "PeerLostError", (), 0, "gone")))
     assert type(back) is PeerLostError and back.rank == 6
     assert str(back) == "gone (relayed by rank 6)"
 
 
 def test_an_unknown_kind_from_a_peer_becomes_the_base_class() -> None:
-    header = Header(Kind.ABORT, 0, 1, 2, 2, "SystemExit", (), 0, "why")
-    back = error_from_abort(_through_the_wire(header))
+    back = error_from_abort(_from_header(Header(Kind.ABORT, 0, 1, 2, 2, "SystemExit", (), 0, "why")))
     assert type(back) is AsyncDistError and str(back) == "why (relayed by rank 1)"
 
 
 def test_rank_zero_relays_count_as_relayed() -> None:
-    back = error_from_abort(_through_the_wire(abort_header(0, 0, 1, CollectiveMismatchError("x"))))
+    back = error_from_abort(_through_the_wire(abort_frame(0, 0, 1, CollectiveMismatchError("x"))))
     assert back.relayed_from == 0
     assert is_relayed(back)  # 0 is a rank, not "no rank"
 
@@ -104,12 +113,13 @@ def test_errors_raised_here_are_not_relayed() -> None:
 
 
 def test_a_long_reason_is_cut_and_a_negative_tag_keeps_the_sequence_valid() -> None:
-    reason = "é" * (abort._MAX_REASON_CHARS + 500)  # two bytes each in UTF-8
-    header = abort_header(3, 1, -4, OperationTimeoutError(reason))
-    assert header.op == "é" * abort._MAX_REASON_CHARS
+    reason = "é" * (MAX_REASON_CHARS + 500)  # two bytes each in UTF-8
+    frame = abort_frame(3, 1, -4, OperationTimeoutError(reason))
+    header = frame.header()
+    assert header.op == "é" * MAX_REASON_CHARS
     assert (header.tag, header.seq) == (-4, 0)  # seq may not be negative on the wire
-    back = error_from_abort(_through_the_wire(header))
-    assert str(back) == "é" * abort._MAX_REASON_CHARS + " (relayed by rank 3)"
+    back = error_from_abort(_through_the_wire(frame))
+    assert str(back) == "é" * MAX_REASON_CHARS + " (relayed by rank 3)"
 
 
 async def test_a_failed_call_fails_the_other_ranks_receives_and_is_relayed_once(monkeypatch: pytest.MonkeyPatch) -> None:

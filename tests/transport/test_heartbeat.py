@@ -13,7 +13,8 @@ from asyncdist.errors import InvalidArgumentError, PeerLostError
 from asyncdist.rendezvous.hash_store import HashStore
 from asyncdist.testing import local_world
 from asyncdist.transport.heartbeat import INTERVAL_ENV, TIMEOUT_ENV, Heartbeat, HeartbeatConfig
-from asyncdist.wire.frames import Kind, decode_header
+from asyncdist.wire.control import Ping, decode_control
+from asyncdist.wire.frames import decode_header
 
 # -- configuration ---------------------------------------------------------------
 
@@ -69,8 +70,7 @@ def test_one_check_pings_idle_streams_and_drops_silent_peers() -> None:
     _heartbeat(connections, lost).beat(100.4)
     assert busy.frames == []
     (ping,) = idle.frames
-    header = decode_header(ping[4:])
-    assert (header.kind, header.src, header.nbytes) == (Kind.PING, 7, 0)
+    assert decode_control(decode_header(ping[4:])) == Ping(7)
     ((rank, error),) = lost
     assert rank == 3 and isinstance(error, PeerLostError) and error.rank == 3
     assert str(error).startswith("rank 3 sent nothing for 4.4 s (heartbeat timeout 4 s)")
