@@ -21,6 +21,10 @@ one event loop (:mod:`asyncdist.bench.scale`): messages and bytes per rank,
 counted, and time per call, for all_reduce and broadcast at 1 MiB unless
 ``-b``/``-e`` say otherwise.
 
+``--count-calls`` counts instead the Python functions entered per 8 B
+operation, await API and facade (:mod:`asyncdist.bench.calls`); ``--iters``
+sets the iterations per counted window.
+
 ``--ops ddp`` adds the DDP training-step row (:mod:`asyncdist.bench.ddp`),
 which is not in the default ``--ops``: it needs torch, and asyncdist runs it
 through its torch backend, a series of its own.
@@ -151,6 +155,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--scale", type=_ranks, metavar="N,N,..",
                    help="instead of the sweep: messages and bytes per rank and time per call of all_reduce and "
                    "broadcast (of --ops) for these group sizes, as ranks in one event loop (default size 1M)")
+    p.add_argument("--count-calls", action="store_true",
+                   help="instead of the sweep: Python function calls per 8 B all_reduce, broadcast, barrier and "
+                   "send+recv, counted with sys.setprofile, and the files one facade all_reduce enters "
+                   "(python -m asyncdist.bench.calls; --iters sets the iterations, default 200)")
     p.add_argument("--stats", action="store_true",
                    help="print rank 0's counters per row: bytes and messages per peer, operations, time in them")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one library's whole sweep may take (default 1800)")
@@ -235,6 +243,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     if args.scale:
         return _scale(args)
+    if args.count_calls:
+        # Imported here: imported with this module, `python -m asyncdist.bench.calls`
+        # would find itself imported before it runs (runpy warns).
+        from . import calls
+
+        return calls.main(["--iters", str(args.iters)] if args.iters else [])
     plan, sizes = _plan(args, parser)
     series = _series(args)
     command = " ".join([prog, shlex.join(argv)]) if argv else prog
