@@ -51,6 +51,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from .. import settings
 from .call_counter import ORIGINS, CallCounter
 
 __all__ = ["OpCounts", "OPS", "count_ops", "count_facade_all_reduce", "table", "facade_lines", "main"]
@@ -185,7 +186,7 @@ def _facade_rank(warmup: int, calls: int) -> list[dict[str, Any]] | None:
         import numpy as np
 
         x, kind = np.zeros(2, np.float32), "NumPy"
-    rank = int(os.environ["RANK"])
+    rank = int(settings.current().environ["RANK"])
     if rank == 0:
         counting = CallCounter()
         counting.profile_new_threads()  # the loop's thread, started by init_process_group

@@ -8,15 +8,16 @@ thread while the operation runs on. Both get their answer here, from the
 same objects, worded by the same function:
 
 * a *step* (the :class:`Step` protocol) is one part of an operation that
-  waits on peers, and reports which peers it awaits *now*: a collective
-  call (:class:`~asyncdist.engine.channel.Channel`, which keeps its pending
-  receives and sends) or one point-to-point message (:class:`Message`);
+  waits on peers, and reports which peers it awaits *now*: an
+  :class:`~asyncdist.engine.operation.Operation`, a collective call (its
+  :class:`~asyncdist.engine.channel.Channel`) or one point-to-point message;
 * a :class:`Progress` is what a :class:`~asyncdist.group.work.Work` holds: the
   steps its operation has opened so far. A coroutine started as a Work
   (:meth:`~asyncdist.group.work.Work.start`) runs in a context whose
   :data:`_CURRENT` is its Progress, so every collective call it makes,
   itself or in tasks it starts, registers there (:func:`register`) without
-  any signature changing, the way a tracing span is found. Code that runs
+  any signature changing, the way a tracing span is found (this is why
+  :data:`_CURRENT` stays a context variable). Code that runs
   outside a Work (a plain ``await``, the facade without ``async_op``)
   registers nothing and pays one context-variable lookup per call;
 * :func:`timeout_message` is the one wording of every operation timeout.
@@ -32,14 +33,13 @@ and check futures' ``done()``, so a report may be a moment stale, never torn.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from ..errors import OperationTimeoutError
 
-__all__ = ["Awaited", "Step", "Message", "Progress", "register", "context_for", "timeout_message", "WAIT_TIMEOUT"]
+__all__ = ["Awaited", "Step", "Progress", "register", "context_for", "timeout_message", "WAIT_TIMEOUT"]
 
 #: What a ``Work.wait(timeout)`` expiry adds after "Timed out after T s".
 WAIT_TIMEOUT = " (Work.wait timeout)"
@@ -131,40 +131,6 @@ class Step(Protocol):
     def awaited(self) -> Awaited:
         """The peers it waits on now (any thread: a snapshot)."""
         ...
-
-
-class Message:
-    """One point-to-point message in flight, as a :class:`Step`.
-
-    Args:
-        where: "send to rank 1 (tag 7, group 'world')".
-        future: completes when the message is sent (in the kernel) or received.
-        peers: the group ranks it waits on: the destination, the source, or
-            for a receive from any rank every other member.
-        sending: True for a send, False for a receive.
-        members: the global rank of each group rank.
-    """
-
-    __slots__ = ("where", "_future", "_peers", "_sending", "_members")
-
-    def __init__(
-        self, where: str, future: asyncio.Future | None, peers: Sequence[int], *, sending: bool, members: Sequence[int]
-    ) -> None:
-        self.where = where
-        self._future = future
-        self._peers = tuple(sorted(peers))
-        self._sending = sending
-        self._members = tuple(members)
-
-    def is_open(self) -> bool:
-        return self._future is not None and not self._future.done()
-
-    def awaited(self) -> Awaited:
-        if not self.is_open():
-            return Awaited(members=self._members)
-        if self._sending:
-            return Awaited(sending=self._peers, members=self._members)
-        return Awaited(receiving=self._peers, members=self._members)
 
 
 class Progress:

@@ -221,13 +221,13 @@ static PyObject *Ring_open(RecordRing *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     if (nargs > 8 && args[8] != Py_None && as_double(args[8], &started) < 0) return NULL;
     if (nargs > 9 && as_long_long(args[9], &nbytes) < 0) return NULL;
-    if (!PyUnicode_Check(desc)) {
-        PyErr_SetString(PyExc_TypeError, "open(): desc must be a str");
-        return NULL;
+    int same = 0;
+    if (ctx == self->last_ctx && self->last_desc != NULL) {
+        /* most often the very object: a description is made once per kind of call */
+        same = desc == self->last_desc ? 1 : PyObject_RichCompareBool(desc, self->last_desc, Py_EQ);
+        if (same < 0) return NULL;
     }
-    if (ctx != self->last_ctx || self->last_desc == NULL ||
-        (desc != self->last_desc && PyUnicode_Compare(desc, self->last_desc) != 0)) {
-        if (PyErr_Occurred()) return NULL;
+    if (!same) {
         PyObject *stat = stat_of(self, args[1], desc);
         if (stat == NULL) return NULL;
         Py_XSETREF(self->last_stat, stat);
@@ -252,7 +252,7 @@ static PyObject *Ring_open(RecordRing *self, PyObject *const *args, Py_ssize_t n
     r->ended = NAN;
     r->kind = Py_NewRef(args[0]);
     r->group = Py_NewRef(args[2]);
-    r->desc = Py_NewRef(self->last_desc); /* the last one's equal string: the ring holds one, not one per record */
+    r->desc = Py_NewRef(self->last_desc); /* the last one's equal description: the ring holds one, not one per record */
     r->peers = Py_NewRef(args[5]);
     r->step = args[6] == Py_None ? NULL : Py_NewRef(args[6]);
     r->stat = Py_NewRef(self->last_stat);

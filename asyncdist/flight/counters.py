@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from .descriptions import parse
+from .descriptions import Description
 
 __all__ = ["Counters"]
 
@@ -38,7 +38,7 @@ class Counters:
         self.sent_messages = [0] * world_size
         self.received_bytes = [0] * world_size
         self.received_messages = [0] * world_size
-        self.ops: dict[int, dict[str, list]] = {}
+        self.ops: dict[int, dict[Description, list]] = {}
 
     def sent(self, rank: int, nbytes: int) -> None:
         """Count one message of ``nbytes`` payload bytes sent to ``rank``."""
@@ -83,7 +83,7 @@ class Counters:
             for desc, (count, seconds) in list(self.ops.get(ctx, {}).items()):
                 if not count:  # none since the last reset
                     continue
-                stat = ops.setdefault(parse(desc).op, {"count": 0, "seconds": 0.0})
+                stat = ops.setdefault(desc.op, {"count": 0, "seconds": 0.0})
                 stat["count"] += count
                 stat["seconds"] += seconds
         return {

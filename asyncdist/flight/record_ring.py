@@ -58,7 +58,7 @@ class PyRecordRing:
 
     __slots__ = ("capacity", "_ops", "_ring", "_count", "_ctx", "_desc", "_stat")
 
-    def __init__(self, capacity: int, ops: dict[int, dict[str, list]]) -> None:
+    def __init__(self, capacity: int, ops: dict[int, dict[Any, list]]) -> None:
         if capacity < 0:
             raise ValueError("capacity must be >= 0")
         self.capacity = capacity
@@ -66,10 +66,10 @@ class PyRecordRing:
         self._ring: list[Entry | None] = [None] * capacity
         self._count = 0
         # the last operation's context, description and counter: the next is most often the same call
-        self._ctx, self._desc, self._stat = -1, "", [0, 0.0]
+        self._ctx, self._desc, self._stat = -1, None, [0, 0.0]
 
     def open(
-        self, kind: str, ctx: int, group: str, seq: int, desc: str, peers: tuple[int, ...], step: Any,
+        self, kind: str, ctx: int, group: str, seq: int, desc: Any, peers: tuple[int, ...], step: Any,
         posted: float, started: float | None = None, nbytes: int = -1, /,
     ) -> Optional[Entry]:  # fmt: skip
         """Record an operation that begins (loop times); its handle, or None when the capacity is 0."""
@@ -78,10 +78,10 @@ class PyRecordRing:
             return None
         count = self._count
         self._count = count + 1
-        if desc != self._desc or ctx != self._ctx:  # not the same call as the last one
+        if ctx != self._ctx or (desc is not self._desc and desc != self._desc):  # not the same call as the last one
             self._ctx, self._desc = ctx, desc
             self._stat = self._ops.setdefault(ctx, {}).setdefault(desc, [0, 0.0])
-        # The last one's equal description: the ring then holds one string, not one per record to free when overwritten
+        # The last one's equal description: the ring then holds one, not one per record to free when overwritten
         entry = [count, kind, ctx, group, seq, self._desc, peers, step, None, None, nbytes,
                  posted, started, None, None, None, self._stat]  # fmt: skip
         self._ring[count % capacity] = entry

@@ -56,6 +56,8 @@ def as_dict(entry: Entry) -> dict[str, Any]:
     """An entry as a JSON-able dict (dump time; the step, a live object, is left out)."""
     record = dict(zip(FIELDS, entry))
     del record["step"]
+    described = record["desc"]
+    record["desc"], record["described"] = described.text, described.as_dict()
     record["state"] = state_of(entry)
     record["peers"] = list(record["peers"])
     if record["shape"] is not None:
@@ -98,7 +100,7 @@ class Recorder:
     __slots__ = ("rank", "ring", "clock", "lost", "heard", "ops")
 
     def __init__(
-        self, rank: int, capacity: int, ops: dict[int, dict[str, list]] | None = None, ring: type = RecordRing
+        self, rank: int, capacity: int, ops: dict[int, dict[Any, list]] | None = None, ring: type = RecordRing
     ) -> None:
         self.rank = rank
         #: context -> description -> [count, seconds] of the operations that ended
@@ -156,6 +158,6 @@ class Recorder:
         if chosen is None:
             return None
         since = chosen[ENDED_AT] if chosen[ENDED_AT] is not None else chosen[POSTED_AT]
-        answer = {k: v for k, v in as_dict(chosen).items() if k in ("kind", "group", "ctx", "seq", "desc", "state")}
+        answer = {k: v for k, v in as_dict(chosen).items() if k in ("kind", "group", "ctx", "seq", "desc", "described", "state")}
         answer["for"] = round(self.clock() - since, 3)
         return answer

@@ -14,7 +14,7 @@ as JSON. The waiting rank then logs one warning that names them all::
 A peer's loop answers even while its user code is busy elsewhere (the
 facade runs the loop in its own thread), so a rank that skipped a call is
 found where it is. Nothing runs while nothing waits: the question rides on
-the deadline's timer of the waiting call (:func:`~asyncdist.engine.channel.wait_until`).
+the deadline's timer of the waiting call (:func:`~asyncdist.engine.operation.arm_deadline`).
 
 Loop thread only.
 """
@@ -27,7 +27,7 @@ import logging
 from typing import Any, Mapping
 
 from .. import settings
-from .descriptions import short
+from .descriptions import Description, short
 from .recorder import Recorder
 from ..transport.stream import Connection
 from ..wire.control import ControlFrame, Here, Where
@@ -62,7 +62,7 @@ def _peer_clause(rank: int, answer: dict[str, Any] | None, answered: bool) -> st
         return f"rank {rank}, which did not answer within {_ANSWER_SECONDS:g} s"
     if answer is None:
         return f"rank {rank}, which has recorded no operation"
-    where = short(answer["desc"], answer["seq"], answer["group"], answer.get("kind", "collective"))
+    where = short(Description.from_dict(answer["described"], answer["desc"]), answer["seq"], answer["group"])
     return f"rank {rank}, which is at {where} ({_state(answer)})"
 
 
@@ -83,8 +83,8 @@ class Whereabouts:
         self._questions: dict[int, tuple[set[int], dict[int, Any], asyncio.Future]] = {}
         self._reports: set[asyncio.Task] = set()
 
-    def warn(self, ctx: int, seq: int, desc: str, group: str, members: list[int], awaited: list[int],
-             since: float, kind: str = "collective") -> None:  # fmt: skip
+    def warn(self, ctx: int, seq: int, described: Description, group: str, members: list[int], awaited: list[int],
+             since: float) -> None:  # fmt: skip
         """Ask the call's other ``members`` where they are; log one warning once they answered.
 
         The warning names the members that are not in this call (behind, or in
@@ -92,14 +92,14 @@ class Whereabouts:
         peers it ``awaited`` directly (global ranks both).
 
         Args:
-            ctx, seq, desc, group: the waiting call.
+            ctx, seq, described, group: the waiting operation. A message is
+                named by its description, and its peers answer with their
+                latest operation of any context (the question's ``any_context``).
             since: when it began (loop time).
-            kind: "collective", or "p2p" for a message (named by its
-                description; its peers answer with their latest operation of
-                any context: the question's ``any_context``).
         """
         waited = self._recorder.clock() - since
-        report = self._report(ctx, seq, short(desc, seq, group, kind), members, awaited, waited, kind != "collective")
+        what = short(described, seq, group)
+        report = self._report(ctx, seq, what, members, awaited, waited, described.is_message)
         task = asyncio.ensure_future(report)
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)

@@ -45,7 +45,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ..engine.channel import wait_until
+from ..engine.operation import wait_until
 from ..engine.engine import Engine
 from ..errors import ClosedError, InvalidArgumentError, OperationTimeoutError
 from ..wire.control import Agree

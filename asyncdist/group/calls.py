@@ -38,21 +38,19 @@ Loop thread only.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
-from ..engine.channel import Channel, arm_deadline, wait_until
+from ..engine.channel import Channel
 from ..engine.engine import Engine
-from ..engine.progress import Message, Progress, timeout_message
-from ..errors import (
-    AsyncDistError, CollectiveMismatchError, OperationCancelledError, OperationTimeoutError, PeerLostError,
-)
-from ..wire.frames import Header, Kind
+from ..engine.operation import Operation, open_message
+from ..errors import AsyncDistError, CollectiveMismatchError, OperationCancelledError, PeerLostError
+from ..flight.descriptions import Description, describe
+from ..wire.announcements import Announcement
+from ..wire.frames import Header
 from .members import Members
-from .work import Work
 
 __all__ = ["Calls", "CallReservation"]
 
@@ -60,16 +58,15 @@ __all__ = ["Calls", "CallReservation"]
 # late: a rank is at most a few calls ahead of another (each rooted call
 # waits for its root), so this many is generous.
 _REMEMBERED_CALLS = 256
+# How a call failed before it opened here is described (a reserved number never used).
+_DEVICE_OPERATION = describe("device operation")
 
-# (Calls, call numbers) the running task's next channels take; see CallReservation.
+# (Calls, call numbers) the running task's next channels take; see CallReservation. It stays a
+# context variable: a staged device call runs the group's own public collective inside the block,
+# and the number reaches that collective's channel() without a parameter on every collective.
 _RESERVED: contextvars.ContextVar[tuple[Calls, list[int]] | None] = contextvars.ContextVar(
     "asyncdist_reserved_calls", default=None
 )
-
-
-def _error_of(done: asyncio.Future) -> BaseException | None:
-    """How a finished future ended, for its flight record."""
-    return asyncio.CancelledError("cancelled") if done.cancelled() else done.exception()
 
 
 class CallReservation:
@@ -152,14 +149,15 @@ class Calls:
 
     # -- numbering -----------------------------------------------------------------
 
-    def channel(self, op: str, root: int | None = None) -> Channel:
-        """Open the channel of the next collective call; ``op`` describes the call.
+    def channel(self, op: Description | str, root: int | None = None) -> Channel:
+        """Open the channel of the next collective call; ``op`` describes the call
+        (a string: a call of the user's own, named by it).
 
         Every member must make its collective calls in the same order: the
         n-th call of each rank is matched with the n-th of the others.
 
         Args:
-            op: the call's description, root included ("broadcast(src=1, float32[4])").
+            op: the call's description, root included (``describe("broadcast", root=1, ...)``).
             root: the group rank of a rooted call's root (see the module
                 docstring: the call is announced); None for the others.
 
@@ -181,17 +179,19 @@ class Calls:
         # here (numbered, not finished) may legitimately have early messages.
         stale = self.engine.take_stale(self.collective_context, min(self._open, default=self._last + 1))
         seq = self._next()
-        self._described[seq] = op
+        description = op if isinstance(op, Description) else describe(op)
+        text = description.text
+        self._described[seq] = text
         while len(self._described) > _REMEMBERED_CALLS:
             self._described.popitem(last=False)
-        channel = self._channel(seq, op, on_close=self._open.discard, record=True)  # in the flight recorder
-        error = self._take_late() or self._stale_error(stale) or self._disagreement(seq, op)
+        channel = self._channel(seq, description, on_close=self._open.discard, record=True)  # in the flight recorder
+        error = self._take_late() or self._stale_error(stale) or self._disagreement(seq, text)
         if error is not None:
             channel.fail(error)  # the other members of this call learn of it now
             self._open.discard(seq)
             raise error
         if root is not None:
-            self._announce(seq, op, root)
+            self._announce(seq, text, root)
         return channel
 
     def reserve(self, count: int) -> CallReservation:
@@ -222,20 +222,21 @@ class Calls:
     def _disagreement(self, seq: int, op: str) -> CollectiveMismatchError | None:
         """The first announcement of call ``seq`` that arrived before it opened here and differs from ``op``."""
         for header in self.engine.take_queued(self.announcement_context, seq):
-            if header.op != op:
-                return self._mismatch(seq, op, header)
+            theirs = Announcement.of(header)
+            if theirs.description != op:
+                return self._mismatch(seq, op, theirs)
         return None
 
-    def _mismatch(self, seq: int, op: str, header: Header) -> CollectiveMismatchError:
+    def _mismatch(self, seq: int, op: str, theirs: Announcement) -> CollectiveMismatchError:
         return CollectiveMismatchError(
             f"ranks disagree in collective call #{seq} of group {self.members.name!r}: rank {self.members.me} "
-            f"called {op}, rank {header.src} called {header.op}"
+            f"called {op}, rank {theirs.src} called {theirs.description}"
         )
 
     def _announce(self, seq: int, op: str, root: int) -> None:
         """Tell the root this rank names (or, as the root, every other member) about call ``seq``."""
         m = self.members
-        header = Header(Kind.DATA, self.announcement_context, m.me, seq, seq, "uint8", (0,), 0, op)
+        header = Announcement(m.me, self.announcement_context, seq, op).header()
         peers = [r for r in range(m.size) if r != m.rank] if root == m.rank else [root]
         for peer in peers:
             try:
@@ -245,12 +246,13 @@ class Calls:
 
     def _announcement(self, header: Header) -> bool:
         """An announcement arrived (engine hook): True to keep it until this rank opens its call."""
-        seq = header.tag
+        theirs = Announcement.of(header)
+        seq = theirs.call
         mine = self._described.get(seq)
         if mine is None:
             return seq > self._last or seq in self._open  # not opened here yet (or reserved)
-        if header.op != mine:
-            error = self._mismatch(seq, mine, header)
+        if theirs.description != mine:
+            error = self._mismatch(seq, mine, theirs)
             # Fail it everywhere; if it completed here, on a root other ranks
             # did not name, the next call fails too.
             completed = seq not in self._open
@@ -289,7 +291,7 @@ class Calls:
     def fail_call(self, seq: int, error: AsyncDistError) -> None:
         """Fail call ``seq`` here and on every other member (an ABORT), whether
         it runs, has not started or has finished here."""
-        self._channel(seq, "device operation").fail(error)
+        self._channel(seq, _DEVICE_OPERATION).fail(error)
         self._open.discard(seq)
 
     def _next(self) -> int:
@@ -301,82 +303,16 @@ class Calls:
         return self._last
 
     def _channel(
-        self, seq: int, op: str, on_close: Callable[[int], None] | None = None, record: bool = False
+        self, seq: int, description: Description, on_close: Callable[[int], None] | None = None, record: bool = False
     ) -> Channel:
         m = self.members
         return Channel(
-            self.engine, m.ranks, m.rank, ctx=self.collective_context, seq=seq, op=op,
+            self.engine, m.ranks, m.rank, ctx=self.collective_context, seq=seq, description=description,
             timeout=self.timeout, group_name=m.name, on_close=on_close, record=record,
         )  # fmt: skip
 
-    # -- deadlines -------------------------------------------------------------------
-
-    def message(
-        self, what: str, future: asyncio.Future, peers: Sequence[int], *, sending: bool, nbytes: int = -1
-    ) -> Message:
-        """One point-to-point message in flight, as progress reports and timeouts
-        name it; entered in the flight recorder until ``future`` is done."""
-        ranks = self.members.ranks
-        message = Message(what, future, peers, sending=sending, members=ranks)
-        recorder = self.engine.flight.recorder
-        now = recorder.clock()
-        handle = recorder.ring.open("p2p", self.p2p_context, self.members.name, 0, what,
-                                    tuple(ranks[p] for p in peers), message, now, now, nbytes)
-        if handle is not None:
-            future.add_done_callback(lambda done: recorder.close(handle, _error_of(done)))
-        return message
-
-    def work(self, future: asyncio.Future, message: Message, outputs: list) -> Work:
-        """A point-to-point Work, whose timed-out wait names its peer as a collective's does."""
-        return Work(future, message.where, outputs, Progress(self.members.me, message.where, [message]))
-
-    async def wait(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> Any:
-        """``await future`` within the group's timeout.
-
-        Raises:
-            OperationTimeoutError: the timeout passed (``withdraw`` ran first).
-        """
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        return await wait_until(future, deadline, self._timeout_error(message), withdraw, self._hang_warning(message))
-
-    def _hang_warning(self, message: Message) -> tuple[float, Callable[[], None]] | None:
-        """A blocking message's hang warning (see :meth:`Channel._hang`): after
-        ``ASYNCDIST_HANG_WARN`` s, ask its peer(s) where they are."""
-        engine = self.engine
-        if not engine.flight.hang_warn:
-            return None
-        since = engine.flight.recorder.clock()
-
-        def ask() -> None:
-            awaited = message.awaited()
-            peers = [self.members.ranks[p] for p in awaited.receiving or awaited.sending]
-            if peers:
-                engine.flight.whereabouts.warn(self.p2p_context, 0, message.where, self.members.name, peers, peers,
-                                               since, kind="p2p")
-
-        return since + engine.flight.hang_warn, ask
-
-    def arm_timeout(self, future: asyncio.Future, message: Message, withdraw: Callable[[], Any] | None = None) -> None:
-        """Fail ``future`` (a Work's) if it is not done within the group's timeout;
-        warn, as a blocking wait does, once it has waited ``ASYNCDIST_HANG_WARN`` s."""
-        if future.done():
-            return
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        disarm = arm_deadline(future, deadline, self._timeout_error(message), withdraw, self._hang_warning(message))
-
-        def settle(done: asyncio.Future) -> None:
-            disarm()
-            if done.cancelled() and withdraw is not None:  # a cancelled irecv must not take a later message
-                withdraw()
-
-        future.add_done_callback(settle)
-
-    def _timeout_error(self, message: Message) -> Callable[[], Exception]:
-        """The group's deadline passed for ``message``: name it and its peer(s)."""
-        timeout, me = self.timeout, self.members.me  # as when the operation started
-
-        def make() -> Exception:
-            self.engine.flight.dumps.on_failure(f"operation timeout in {message.where}")
-            return OperationTimeoutError(timeout_message(me, message.where, timeout, message.awaited()))
-
-        return make
+    def message(self, description: Description, peers: Sequence[int]) -> Operation:
+        """Open one point-to-point message of the group (see
+        :func:`~asyncdist.engine.operation.open_message`): ``peers`` are the group
+        ranks it waits on."""
+        return open_message(self.engine, self.p2p_context, description, self.members.ranks, peers, self.timeout)

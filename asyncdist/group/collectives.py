@@ -15,12 +15,13 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable, Sequence
 
 from ..reduce import kernels as ops
-from ..buffers.host import HostBuffer, as_host_buffer, describe, scratch_buffer, signature
+from ..buffers.host import HostBuffer, as_host_buffer, describe as describe_buffer, scratch_buffer
 from ..collectives import select
 from ..collectives.barrier import dissemination_barrier
 from ..collectives.direct import copy_into, direct_all_to_all, direct_gather, direct_scatter
 from ..collectives.ring import even_slots, ring_all_gather, ring_reduce_scatter
 from ..errors import InvalidArgumentError
+from ..flight.descriptions import describe
 from ..reduce.op import ReduceOp
 from ..buffers.contiguous import Writeback, staged
 from .calls import Calls
@@ -32,7 +33,7 @@ def _same_layout(buffers: Sequence[HostBuffer], like: HostBuffer, what: str) -> 
     for i, buf in enumerate(buffers):
         if buf.dtype != like.dtype or buf.numel != like.numel:
             raise InvalidArgumentError(
-                f"{what}[{i}] is {describe(buf.dtype, buf.shape)}, expected {describe(like.dtype, like.shape)}"
+                f"{what}[{i}] is {describe_buffer(buf.dtype, buf.shape)}, expected {describe_buffer(like.dtype, like.shape)}"
             )
 
 
@@ -66,14 +67,14 @@ class Collectives:
 
     async def barrier(self) -> None:
         """Return once every member has entered the barrier."""
-        channel = self._calls.channel("barrier")
+        channel = self._calls.channel(describe("barrier"))
         await channel.run(dissemination_barrier(channel))
 
     async def broadcast(self, tensor: Any, src: int) -> None:
         """Copy group rank ``src``'s ``tensor`` into every rank's ``tensor``."""
         root = self._root(src, "src")
         buf, write_back = staged(tensor, writable=True)
-        channel = self._calls.channel(f"broadcast(src={root}, {signature(buf.dtype, buf.shape)})", root)
+        channel = self._calls.channel(describe("broadcast", root=root, dtype=buf.dtype, shape=buf.shape), root)
         await channel.run(select.broadcast(channel, buf, root))
         write_back()
 
@@ -101,7 +102,8 @@ class Collectives:
         return buf, write_back
 
     def _all_reduce_call(self, buf: HostBuffer, write_back: Writeback, op: Any) -> Callable[[], Awaitable[None]]:
-        channel = self._calls.channel(f"all_reduce({ops.op_name(op)}, {signature(buf.dtype, buf.shape)})")
+        described = describe("all_reduce", reduce=ops.op_name(op), dtype=buf.dtype, shape=buf.shape)
+        channel = self._calls.channel(described)
 
         async def run() -> None:
             ops.prepare(op, buf)
@@ -116,7 +118,8 @@ class Collectives:
         root = self._root(dst, "dst")
         buf, write_back = staged(tensor, writable=(self.rank == root))
         ops.check_op(op, buf.dtype)
-        channel = self._calls.channel(f"reduce(dst={root}, {ops.op_name(op)}, {signature(buf.dtype, buf.shape)})", root)
+        described = describe("reduce", root=root, reduce=ops.op_name(op), dtype=buf.dtype, shape=buf.shape)
+        channel = self._calls.channel(described, root)
         if self.rank != root:
             accumulator = scratch_buffer(buf.dtype, buf.numel)
             copy_into(accumulator, buf)
@@ -134,7 +137,7 @@ class Collectives:
         staged_outputs = [staged(t, writable=True, name="tensor_list[i]") for t in outputs]
         slots = [buf for buf, _ in staged_outputs]
         _same_layout(slots, send, "tensor_list")
-        channel = self._calls.channel(f"all_gather({signature(send.dtype, send.shape)})")
+        channel = self._calls.channel(describe("all_gather", dtype=send.dtype, shape=send.shape))
         copy_into(slots[self.rank], send)
         await channel.run(ring_all_gather(channel, slots))
         _write_back([write_back for _, write_back in staged_outputs])
@@ -145,10 +148,10 @@ class Collectives:
         out, write_back = staged(output_tensor, writable=True, name="output_tensor")
         if out.dtype != send.dtype or out.numel != send.numel * self.size:
             raise InvalidArgumentError(
-                f"output_tensor is {describe(out.dtype, out.shape)}; all_gather_into_tensor needs "
-                f"{self.size} x {describe(send.dtype, send.shape)}"
+                f"output_tensor is {describe_buffer(out.dtype, out.shape)}; all_gather_into_tensor needs "
+                f"{self.size} x {describe_buffer(send.dtype, send.shape)}"
             )
-        channel = self._calls.channel(f"all_gather_into_tensor({signature(send.dtype, send.shape)})")
+        channel = self._calls.channel(describe("all_gather_into_tensor", dtype=send.dtype, shape=send.shape))
         slots = even_slots(out, self.size)
         copy_into(slots[self.rank], send)
         await channel.run(ring_all_gather(channel, slots))
@@ -166,7 +169,7 @@ class Collectives:
             _same_layout(slots, send, "gather_list")
         elif gather_list:
             raise InvalidArgumentError(f"gather_list must be None or empty on ranks other than dst={root}")
-        channel = self._calls.channel(f"gather(dst={root}, {signature(send.dtype, send.shape)})", root)
+        channel = self._calls.channel(describe("gather", root=root, dtype=send.dtype, shape=send.shape), root)
         await channel.run(direct_gather(channel, send, slots, root))
         _write_back(writebacks)
 
@@ -180,14 +183,15 @@ class Collectives:
             _same_layout(slots, out, "scatter_list")
         elif scatter_list:
             raise InvalidArgumentError(f"scatter_list must be None or empty on ranks other than src={root}")
-        channel = self._calls.channel(f"scatter(src={root}, {signature(out.dtype, out.shape)})", root)
+        channel = self._calls.channel(describe("scatter", root=root, dtype=out.dtype, shape=out.shape), root)
         await channel.run(direct_scatter(channel, slots, out, root))
         write_back()
 
     async def _reduce_scatter(self, out: HostBuffer, inputs: list[HostBuffer], op: Any, name: str) -> None:
         ops.check_op(op, out.dtype)
         _same_layout(inputs, out, "input")
-        channel = self._calls.channel(f"{name}({ops.op_name(op)}, {signature(out.dtype, out.shape)} per rank)")
+        described = describe(name, reduce=ops.op_name(op), dtype=out.dtype, shape=out.shape, per_rank=True)
+        channel = self._calls.channel(described)
         accumulator = scratch_buffer(out.dtype, out.numel * self.size)
         slots = even_slots(accumulator, self.size)
         for slot, buf in zip(slots, inputs):
@@ -210,8 +214,8 @@ class Collectives:
         whole, _ = staged(input, writable=False, name="input")
         if whole.dtype != out.dtype or whole.numel != out.numel * self.size:
             raise InvalidArgumentError(
-                f"input is {describe(whole.dtype, whole.shape)}; reduce_scatter_tensor needs "
-                f"{self.size} x {describe(out.dtype, out.shape)}"
+                f"input is {describe_buffer(whole.dtype, whole.shape)}; reduce_scatter_tensor needs "
+                f"{self.size} x {describe_buffer(out.dtype, out.shape)}"
             )
         await self._reduce_scatter(out, even_slots(whole, self.size), op, "reduce_scatter_tensor")
         write_back()
@@ -223,7 +227,7 @@ class Collectives:
         dtypes = {buf.dtype for buf, _ in outputs} | {buf.dtype for buf in inputs}
         if len(dtypes) != 1:
             raise InvalidArgumentError(f"all_to_all needs one dtype for every tensor, got {sorted(dtypes)}")
-        channel = self._calls.channel(f"all_to_all({dtypes.pop()})")
+        channel = self._calls.channel(describe("all_to_all", dtype=dtypes.pop()))
         await channel.run(direct_all_to_all(channel, inputs, [buf for buf, _ in outputs]))
         _write_back([write_back for _, write_back in outputs])
 
@@ -243,7 +247,7 @@ class Collectives:
             raise InvalidArgumentError(f"all_to_all_single: output is {out.dtype}, input is {whole.dtype}")
         sends = self._split_rows(whole, input_split_sizes, "input")
         receives = self._split_rows(out, output_split_sizes, "output")
-        channel = self._calls.channel(f"all_to_all_single({whole.dtype})")
+        channel = self._calls.channel(describe("all_to_all_single", dtype=whole.dtype))
         await channel.run(direct_all_to_all(channel, sends, receives))
 
     def _split_rows(self, buf: HostBuffer, sizes: Sequence[int] | None, what: str) -> list[HostBuffer]:

@@ -29,7 +29,8 @@ from datetime import timedelta
 import numpy as np
 
 from ..buffers.host import as_host_buffer
-from ..engine.channel import Channel, wait_until
+from ..engine.channel import Channel
+from ..engine.operation import wait_until
 from ..errors import AsyncDistError, OperationTimeoutError
 from ..timeouts import as_seconds
 from .calls import Calls

@@ -21,8 +21,10 @@ from typing import Any, Callable
 
 from ..buffers.host import as_host_buffer
 from ..engine.matching import PostedRecv
+from ..engine.operation import Operation
+from ..engine.progress import Progress
 from ..errors import InvalidArgumentError
-from ..wire.frames import Header, Kind
+from ..flight.descriptions import describe_message
 from .calls import Calls
 from .work import Work, completed_future
 
@@ -59,46 +61,43 @@ class PointToPoint:
 
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to group rank ``dst``; see ProcessGroup.isend."""
-        future, what, nbytes = self._start_send(tensor, dst, tag)
-        if future is None:
-            future = completed_future(asyncio.get_running_loop())
-        message = self._calls.message(what, future, (dst,), sending=True, nbytes=nbytes)
-        self._calls.arm_timeout(future, message)
-        return self._calls.work(future, message, [tensor])
+        operation, future = self._start_send(tensor, dst, tag)
+        operation.watch(future)
+        return Work(future, operation.where, [tensor], Progress(self._members.me, operation.where, [operation]))
 
     async def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to group rank ``dst``; see ProcessGroup.send."""
-        future, what, nbytes = self._start_send(tensor, dst, tag)
-        sent = future or completed_future(asyncio.get_running_loop())  # recorded either way
-        message = self._calls.message(what, sent, (dst,), sending=True, nbytes=nbytes)
-        if future is not None:
-            await self._calls.wait(future, message)
+        operation, future = self._start_send(tensor, dst, tag)
+        await operation.wait(future)
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; see ProcessGroup.irecv."""
-        recv, what = self._start_recv(tensor, src, tag)
+        operation, recv = self._start_recv(tensor, src, tag)
         future = _chain(recv.future, lambda header: self._members.group_rank(header.src))
-        message = self._calls.message(what, future, self._members.sources(src), sending=False, nbytes=recv.buf.nbytes)
-        self._calls.arm_timeout(future, message, lambda: self._engine.cancel_recv(recv))
-        return self._calls.work(future, message, [tensor])
+        operation.watch(future, lambda: self._engine.cancel_recv(recv))
+        return Work(future, operation.where, [tensor], Progress(self._members.me, operation.where, [operation]))
 
     async def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor``; see ProcessGroup.recv."""
-        recv, what = self._start_recv(tensor, src, tag)
-        message = self._calls.message(what, recv.future, self._members.sources(src), sending=False, nbytes=recv.buf.nbytes)
-        header = await self._calls.wait(recv.future, message, lambda: self._engine.cancel_recv(recv))
+        operation, recv = self._start_recv(tensor, src, tag)
+        header = await operation.wait(recv.future, lambda: self._engine.cancel_recv(recv))
         return self._members.group_rank(header.src)
 
-    def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[asyncio.Future | None, str, int]:
+    def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[Operation, asyncio.Future]:
         peer = self._members.peer(dst, "dst")
         check_tag(tag)
         buf = as_host_buffer(tensor)
-        engine = self._engine
-        header = Header(Kind.DATA, self._calls.p2p_context, engine.rank, tag, 0, buf.dtype, buf.shape, buf.nbytes)
-        future = self._send_in_order(dst, lambda: engine.send(peer, header, buf.view))
-        return future, f"send to rank {dst} (tag {tag}, group {self._members.name!r})", buf.nbytes
+        operation = self._calls.message(describe_message("send", dst, tag, self._members.name, buf.nbytes), (dst,))
+        try:
+            future = self._send_in_order(dst, lambda: operation.send_payload(peer, tag, buf))
+        except BaseException as error:
+            operation.close(error, dump=False)
+            raise
+        sent = future or completed_future(asyncio.get_running_loop())  # recorded either way
+        operation.follow(sent, (dst,), sending=True)
+        return operation, sent
 
-    def _start_recv(self, tensor: Any, src: int | None, tag: int) -> tuple[PostedRecv, str]:
+    def _start_recv(self, tensor: Any, src: int | None, tag: int) -> tuple[Operation, PostedRecv]:
         if src is None:
             self._members.check_member()
             peer = None
@@ -107,8 +106,10 @@ class PointToPoint:
         check_tag(tag)
         buf = as_host_buffer(tensor, writable=True)
         recv = self._engine.post_recv(self._calls.p2p_context, peer, tag, buf, self._members.others)
-        who = "any rank" if src is None else f"rank {src}"
-        return recv, f"recv from {who} (tag {tag}, group {self._members.name!r})"
+        sources = self._members.sources(src)
+        operation = self._calls.message(describe_message("recv", src, tag, self._members.name, buf.nbytes), sources)
+        operation.follow(recv.future, tuple(sources), sending=False)
+        return operation, recv
 
     # -- turns: sends that wait for an earlier device send's copy ---------------------
 

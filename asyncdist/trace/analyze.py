@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..flight.descriptions import parse, short
+from ..flight.descriptions import Description, short
 from .load import Trace
 
 __all__ = ["Finding", "analyze", "as_text"]
@@ -59,8 +59,13 @@ def _name(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
 
 
+def described(entry: dict[str, Any]) -> Description:
+    """A dumped record's description, in parts."""
+    return Description.from_dict(entry["described"], entry["desc"])
+
+
 def _where(entry: dict[str, Any]) -> str:
-    return short(entry["desc"], entry["seq"], entry["group"], entry.get("kind", "collective"))
+    return short(described(entry), entry["seq"], entry["group"])
 
 
 def _awaited(entry: dict[str, Any], rank: int) -> list[int]:
@@ -114,8 +119,7 @@ def _calls(trace: Trace) -> dict[str, dict[int, dict[int, dict[str, Any]]]]:
     return calls
 
 
-def _differences(descs: list[str]) -> list[str]:
-    parts = [parse(desc) for desc in descs]
+def _differences(parts: list[Description]) -> list[str]:
     words = {"op": "op", "nbytes": "size", "shape": "size", "root": "root", "dtype": "dtype", "reduce": "reduction"}
     found = [word for attr, word in words.items() if len({getattr(p, attr) for p in parts}) > 1]
     return list(dict.fromkeys(found))
@@ -126,11 +130,13 @@ def _mismatches(trace: Trace) -> list[Finding]:
     for group, calls in sorted(_calls(trace).items()):
         for seq, by_rank in sorted(calls.items()):
             ranks_of: dict[str, list[int]] = defaultdict(list)
+            parts: dict[str, Description] = {}
             for rank, entry in sorted(by_rank.items()):
                 ranks_of[entry["desc"]].append(rank)
+                parts[entry["desc"]] = described(entry)
             if len(ranks_of) < 2:
                 continue
-            differ = _differences(list(ranks_of))
+            differ = _differences(list(parts.values()))
             entered = "; ".join(f"{_name(ranks)} entered {desc}" for desc, ranks in ranks_of.items())
             text = f"ranks disagree in call #{seq} of group {group} (different {', '.join(differ)}): {entered}"
             findings.append(Finding("mismatch", text, sorted(by_rank), group, seq,

@@ -17,16 +17,13 @@ Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsK
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from typing import Any
 
-from ..flight.descriptions import parse
+from .analyze import described
 from .load import Trace
 
 __all__ = ["timeline"]
-
-_TAG = re.compile(r"\(tag (-?\d+)")
 
 
 def _spans(trace: Trace) -> list[dict[str, Any]]:
@@ -53,8 +50,7 @@ def _lanes(spans: list[dict[str, Any]]) -> None:
 
 
 def _args(entry: dict[str, Any]) -> dict[str, Any]:
-    parts = parse(entry["desc"])
-    nbytes = entry["nbytes"] if entry["nbytes"] >= 0 else parts.nbytes
+    nbytes = entry["nbytes"] if entry["nbytes"] >= 0 else described(entry).nbytes
     return {"desc": entry["desc"], "group": entry["group"], "call": entry["seq"], "state": entry["state"],
             "bytes": nbytes, "peers": entry["peers"], "error": entry.get("error")}
 
@@ -65,14 +61,14 @@ def _flows(spans: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, 
     recvs: dict[tuple, list] = defaultdict(list)
     for span in sorted(spans, key=lambda s: s["entry"]["serial"]):
         entry = span["entry"]
-        tag = _TAG.search(entry["desc"])
-        if entry.get("kind") != "p2p" or tag is None or len(entry["peers"]) != 1:
+        message = described(entry)
+        if not message.is_message or len(entry["peers"]) != 1:
             continue
         peer = entry["peers"][0]
-        if entry["desc"].startswith("send"):
-            sends[(entry["group"], span["rank"], peer, tag.group(1))].append(span)
+        if message.op == "send":
+            sends[(entry["group"], span["rank"], peer, message.tag)].append(span)
         elif entry["state"] == "completed":
-            recvs[(entry["group"], peer, span["rank"], tag.group(1))].append(span)
+            recvs[(entry["group"], peer, span["rank"], message.tag)].append(span)
     return [pair for key, out in sends.items() for pair in zip(out, recvs.get(key, []))]
 
 
@@ -88,7 +84,7 @@ def timeline(trace: Trace) -> dict[str, Any]:
     timed: list[tuple[tuple, dict[str, Any]]] = []  # (sort key, event)
     for span in spans:
         entry, rank, lane = span["entry"], span["rank"], span["lane"]
-        name = parse(entry["desc"]).op
+        name = described(entry).op
         begin = {"name": name, "cat": entry.get("kind", "collective"), "ph": "B", "ts": us(span["start"]),
                  "pid": rank, "tid": lane, "args": _args(entry)}
         end = {"name": name, "cat": begin["cat"], "ph": "E", "ts": us(span["end"]), "pid": rank, "tid": lane}

@@ -1,7 +1,7 @@
 """Tests for asyncdist.engine.progress: what an operation in flight awaits, and the
 words of its timeout.
 
-The pure parts (``Awaited``, ``timeout_message``, ``Message``, ``Progress``,
+The pure parts (``Awaited``, ``timeout_message``, ``Progress``,
 ``register``/``context_for``) are fed hand-made steps and futures, without a
 world; the expected messages are written out in full. The last tests check
 the same words come out of real operations on a local world: a ``Work.wait``
@@ -21,7 +21,6 @@ from asyncdist.buffers.host import as_host_buffer
 from asyncdist.engine.progress import (
     WAIT_TIMEOUT,
     Awaited,
-    Message,
     Progress,
     context_for,
     register,
@@ -109,32 +108,6 @@ def test_timeout_message_words() -> None:
     # nothing awaited: no trailing "; "
     assert timeout_message(1, "barrier", 1800.0, Awaited()) == "rank 1: barrier Timed out after 1800 s"
     assert WAIT_TIMEOUT == " (Work.wait timeout)"
-
-
-# -- Message -------------------------------------------------------------------------
-
-
-async def test_a_message_waits_on_its_peers_until_its_future_is_done() -> None:
-    loop = asyncio.get_running_loop()
-    sent = loop.create_future()
-    send = Message("send to rank 1 (tag 0, group 'g')", sent, [1], sending=True, members=(3, 5))
-    assert send.is_open()
-    assert send.awaited() == Awaited(sending=(1,), members=(3, 5))
-    sent.set_result(None)
-    assert not send.is_open()
-    assert send.awaited() == Awaited(members=(3, 5))
-    assert not send.awaited()
-
-    received = loop.create_future()
-    recv = Message("recv from any rank", received, [3, 1, 2], sending=False, members=(0, 1, 2, 3))
-    assert recv.awaited() == Awaited(receiving=(1, 2, 3), members=(0, 1, 2, 3))
-    received.set_exception(RuntimeError("failed"))
-    received.exception()  # retrieved: a failed message is closed too
-    assert not recv.is_open() and not recv.awaited()
-
-    # a send already in the kernel has no future and never waits
-    done = Message("send", None, [1], sending=True, members=(0, 1))
-    assert not done.is_open() and done.awaited() == Awaited(members=(0, 1))
 
 
 # -- Progress ------------------------------------------------------------------------

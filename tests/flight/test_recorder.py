@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pytest
 
 from asyncdist.flight.counters import Counters
-from asyncdist.flight.descriptions import Described, parse, short
+from asyncdist.flight.descriptions import Description, describe, describe_message, short
 from asyncdist.flight.recorder import Recorder, as_dict, capacity_from_env, state_of
 from asyncdist.flight.record_ring import ENDED_AT, ERROR, POSTED_AT, SEQ, SERIAL, Entry
 from asyncdist.flight.whereabouts import hang_warn_from_env
@@ -20,7 +20,12 @@ def make(ring_type: type) -> Callable[..., Recorder]:
     return lambda rank=0, capacity=8, ops=None: Recorder(rank, capacity, ops, ring=ring_type)
 
 
-def _record(recorder: Recorder, seq: int, desc: str = "all_reduce(sum, float32[4])") -> Any:
+ALL_REDUCE = describe("all_reduce", reduce="sum", dtype="float32", shape=(4,))
+BROADCAST = describe("broadcast", root=0, dtype="int8", shape=(2,))
+BARRIER = describe("barrier")
+
+
+def _record(recorder: Recorder, seq: int, desc: Description = ALL_REDUCE) -> Any:
     handle = recorder.ring.open("collective", 1, "world", seq, desc, (0, 1), None, recorder.clock())
     assert handle is not None
     return handle
@@ -51,7 +56,7 @@ def test_an_open_operation_the_ring_wraps_over_still_ends_once(make: Callable[..
     assert recorder.close(first, InvalidArgumentError("bad")) is True
     assert recorder.close(first) is False
     assert [e[SEQ] for e in recorder.entries()] == [2, 3]
-    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 3
+    assert recorder.ops[1][ALL_REDUCE][0] == 3
 
 
 def test_an_operation_ends_once(make: Callable[..., Recorder]) -> None:
@@ -61,13 +66,13 @@ def test_an_operation_ends_once(make: Callable[..., Recorder]) -> None:
     ended = _kept(recorder, 1)[ENDED_AT]
     assert recorder.close(handle, InvalidArgumentError("late")) is False
     assert (_kept(recorder, 1)[ENDED_AT], _kept(recorder, 1)[ERROR]) == (ended, None)
-    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 1
+    assert recorder.ops[1][ALL_REDUCE][0] == 1
 
 
 def test_operations_are_counted_by_description_as_they_end(make: Callable[..., Recorder]) -> None:
     recorder = make(capacity=4)
     handles = [_record(recorder, seq) for seq in range(4)]
-    assert recorder.ops[1]["all_reduce(sum, float32[4])"] == [0, 0.0]  # none ended yet
+    assert recorder.ops[1][ALL_REDUCE] == [0, 0.0]  # none ended yet
     for handle in handles:
         recorder.close(handle)
     assert list(recorder.ops) == [1]
@@ -78,50 +83,51 @@ def test_operations_are_counted_by_description_as_they_end(make: Callable[..., R
 
 def test_an_operation_the_ring_wrapped_over_while_open_is_counted_when_it_ends(make: Callable[..., Recorder]) -> None:
     recorder = make(capacity=4)
-    first = _record(recorder, 0, "barrier")
+    first = _record(recorder, 0, BARRIER)
     posted = _kept(recorder, 0)[POSTED_AT]
     seconds = 0.0
     for seq in range(1, 10):  # the ring wraps over the open one
-        desc = "broadcast(src=0, int8[2])" if seq % 3 == 0 else "all_reduce(sum, float32[4])"
+        desc = BROADCAST if seq % 3 == 0 else ALL_REDUCE
         recorder.close(_record(recorder, seq, desc))
         entry = _kept(recorder, seq)
-        seconds += entry[ENDED_AT] - entry[POSTED_AT] if desc.startswith("all_reduce") else 0.0
-    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
-    assert recorder.ops[1]["broadcast(src=0, int8[2])"][0] == 3
-    assert recorder.ops[1]["barrier"] == [0, 0.0]
+        seconds += entry[ENDED_AT] - entry[POSTED_AT] if desc is ALL_REDUCE else 0.0
+    assert recorder.ops[1][ALL_REDUCE][0] == 6
+    assert recorder.ops[1][BROADCAST][0] == 3
+    assert recorder.ops[1][BARRIER] == [0, 0.0]
     before = recorder.clock()
     recorder.close(first)
-    count, waited = recorder.ops[1]["barrier"]
+    count, waited = recorder.ops[1][BARRIER]
     assert count == 1 and before - posted <= waited <= recorder.clock() - posted
-    assert recorder.ops[1]["all_reduce(sum, float32[4])"][0] == 6
-    assert recorder.ops[1]["all_reduce(sum, float32[4])"][1] == pytest.approx(seconds, abs=1e-9)
+    assert recorder.ops[1][ALL_REDUCE][0] == 6
+    assert recorder.ops[1][ALL_REDUCE][1] == pytest.approx(seconds, abs=1e-9)
 
 
 def test_groups_that_make_the_same_call_in_turn_are_counted_apart(make: Callable[..., Recorder]) -> None:
     recorder = make()
     for seq in range(5):
         for ctx in (1, 3, 3):
-            handle = recorder.ring.open("collective", ctx, f"g{ctx}", seq, "barrier", (0, 1), None, recorder.clock())
+            handle = recorder.ring.open("collective", ctx, f"g{ctx}", seq, BARRIER, (0, 1), None, recorder.clock())
             assert handle is not None
             recorder.close(handle)
-    assert (recorder.ops[1]["barrier"][0], recorder.ops[3]["barrier"][0]) == (5, 10)
+    assert (recorder.ops[1][BARRIER][0], recorder.ops[3][BARRIER][0]) == (5, 10)
 
 
 def test_capacity_zero_records_nothing(make: Callable[..., Recorder]) -> None:
     recorder = make(capacity=0)
-    assert recorder.ring.open("collective", 1, "world", 1, "barrier", (0, 1), None, 0.0) is None
+    assert recorder.ring.open("collective", 1, "world", 1, BARRIER, (0, 1), None, 0.0) is None
     assert recorder.entries() == [] and recorder.where(1) is None and recorder.recorded == 0
 
 
 def test_where_answers_with_the_latest_operation_of_the_context(make: Callable[..., Recorder]) -> None:
     recorder = make(rank=3)
     recorder.close(_record(recorder, 55))
-    _record(recorder, 56, "broadcast(src=1, float32[4])")
-    recorder.ring.open("p2p", 0, "world", 0, "send to rank 1 (tag 0, group 'world')", (1,), None, recorder.clock())
+    _record(recorder, 56, describe("broadcast", root=1, dtype="float32", shape=(4,)))
+    recorder.ring.open("p2p", 0, "world", 0, describe_message("send", 1, 0, "world"), (1,), None, recorder.clock())
     answer = recorder.where(1)
     assert answer is not None
     assert (answer["seq"], answer["desc"], answer["state"]) == (56, "broadcast(src=1, float32[4])", "posted")
-    assert short(answer["desc"], answer["seq"], answer["group"]) == "broadcast #56 (root 1) on group world"
+    described = Description.from_dict(answer["described"], answer["desc"])
+    assert short(described, answer["seq"], answer["group"]) == "broadcast #56 (root 1) on group world"
 
 
 @pytest.mark.parametrize(("text", "expected"), [("", 2000), ("0", 0), (" 17 ", 17)])
@@ -143,17 +149,31 @@ def test_hang_warn_from_the_environment() -> None:
             hang_warn_from_env({"ASYNCDIST_HANG_WARN": bad})
 
 
-@pytest.mark.parametrize(("desc", "expected"), [
-    ("all_reduce(sum, float32[4])", Described("all_reduce", None, "sum", "float32", (4,), 16)),
-    ("reduce(dst=2, max, int64[3, 2])", Described("reduce", 2, "max", "int64", (3, 2), 48)),
-    ("broadcast(src=1, bfloat16[8])", Described("broadcast", 1, None, "bfloat16", (8,), 16)),
-    ("reduce_scatter(sum, float64[5] per rank)", Described("reduce_scatter", None, "sum", "float64", (5,), 40)),
-    ("all_to_all(float32)", Described("all_to_all", None, None, "float32", None, None)),
-    ("barrier", Described("barrier")),
-    ("send to rank 1 (tag 7, group 'world')", Described("send")),
-])
-def test_descriptions_read_back_into_their_parts(desc: str, expected: Described) -> None:
-    assert parse(desc) == expected
+# The texts are the wire's: ranks of other versions compare them for the mismatch check.
+@pytest.mark.parametrize(("described", "text", "nbytes"), [
+    (describe("all_reduce", reduce="sum", dtype="float32", shape=(4,)), "all_reduce(sum, float32[4])", 16),
+    (describe("reduce", root=2, reduce="max", dtype="int64", shape=(3, 2)), "reduce(dst=2, max, int64[3, 2])", 48),
+    (describe("broadcast", root=1, dtype="bfloat16", shape=(8,)), "broadcast(src=1, bfloat16[8])", 16),
+    (describe("scatter", root=0, dtype="uint8", shape=(3,)), "scatter(src=0, uint8[3])", 3),
+    (describe("gather", root=1, dtype="int8", shape=()), "gather(dst=1, int8[])", 1),
+    (describe("reduce_scatter", reduce="sum", dtype="float64", shape=(5,), per_rank=True),
+     "reduce_scatter(sum, float64[5] per rank)", 40),
+    (describe("all_to_all", dtype="float32"), "all_to_all(float32)", None),
+    (describe("barrier"), "barrier", None),
+    (describe_message("send", 1, 7, "world", 12), "send to rank 1 (tag 7, group 'world')", 12),
+    (describe_message("recv", None, -3, "g"), "recv from any rank (tag -3, group 'g')", None),
+])  # fmt: skip
+def test_descriptions_say_their_parts_and_their_text(described: Description, text: str, nbytes: int | None) -> None:
+    assert (described.text, described.nbytes) == (text, nbytes)
+    assert Description.from_dict(described.as_dict(), text) == described  # as a dump reads it back
+    assert described.is_message == text.startswith(("send", "recv"))
+
+
+def test_a_description_is_made_once_per_kind_of_call() -> None:
+    """The hot path builds nothing: the same call gets the same object (the ring then compares nothing)."""
+    first = describe("all_reduce", reduce="sum", dtype="float32", shape=(4,))
+    assert describe("all_reduce", reduce="sum", dtype="float32", shape=(4,)) is first
+    assert describe("all_reduce", reduce="max", dtype="float32", shape=(4,)) != first
 
 
 def test_the_state_is_derived_from_the_times_and_the_error(make: Callable[..., Recorder]) -> None:
@@ -181,7 +201,7 @@ def test_a_reset_zeroes_the_counts_and_an_operation_open_across_it_counts_after(
     counters.reset()
     assert counters.snapshot([1], [1], lambda rank: True)["ops"] == {}
     recorder.close(still_open)
-    recorder.close(_record(recorder, 3, "barrier"))
+    recorder.close(_record(recorder, 3, BARRIER))
     ops = counters.snapshot([1], [1], lambda rank: True)["ops"]
     assert {op: stat["count"] for op, stat in ops.items()} == {"all_reduce": 1, "barrier": 1}
     entry = _kept(recorder, 2)

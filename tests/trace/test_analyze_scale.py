@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from asyncdist.flight.descriptions import describe
 from asyncdist.flight.dumps import Dumps
 from asyncdist.flight.recorder import Recorder
 from asyncdist.trace.analyze import analyze
@@ -13,13 +14,15 @@ from asyncdist.trace.load import load
 CALLS = 2500
 BEHIND = 3
 
+ALL_REDUCE = describe("all_reduce", reduce="sum", dtype="float32", shape=(1024,))
+
 
 def _dump(rank: int, folder: Path) -> None:
     """Rank ``BEHIND`` stops after call CALLS - 1; the others wait in call CALLS."""
     recorder = Recorder(rank, capacity=2000)
     last = CALLS - 1 if rank == BEHIND else CALLS
     for seq in range(1, last + 1):
-        entry = recorder.ring.open("collective", 1, "world", seq, "all_reduce(sum, float32[1024])", (0, 1, 2, 3), None,
+        entry = recorder.ring.open("collective", 1, "world", seq, ALL_REDUCE, (0, 1, 2, 3), None,
                               recorder.clock())
         if seq < CALLS:
             assert entry is not None

@@ -1,0 +1,335 @@
+"""``Operation``: one call, from the moment it is opened to its completion or failure.
+
+Every call a rank makes, a collective or one point-to-point message, is one
+Operation. It holds everything the call is and everything said about it:
+
+* where it belongs: the engine context, the call number (0 for a message),
+  the group's name and members (global ranks);
+* what it is: its :class:`~asyncdist.flight.descriptions.Description` (op,
+  root, reduce op, dtype, shape; a message's peer and tag), made by the
+  group layer, never parsed back from a string;
+* its deadline and its hang warning, armed by :meth:`Operation.arm`, the one
+  timer of every wait (a collective's receives and sends, a blocking or an
+  ``i*`` message, a device operation's copies);
+* its progress: the futures it still waits on, by peer, so that a timeout
+  (its own, or a ``Work.wait``'s) can say whom it waits for
+  (:meth:`Operation.awaited`; it is a :class:`~asyncdist.engine.progress.Step`);
+* its flight-recorder record, opened with it and ended by :meth:`Operation.close`.
+
+A collective call's :class:`~asyncdist.engine.channel.Channel` is an
+Operation with the algorithms' send and receive. A message is opened by
+:func:`open_message` and sent with :meth:`Operation.send`, which builds
+its data header: no layer above the engine builds a header.
+
+Loop thread only, except :meth:`awaited` and :attr:`where` (any thread:
+snapshots, see :mod:`asyncdist.engine.progress`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Protocol, Sequence
+
+from ..buffers.host import HostBuffer
+from ..errors import CollectiveMismatchError, OperationTimeoutError, PeerLostError
+from ..flight import Flight
+from ..flight.descriptions import Description
+from ..flight.record_ring import CLOCK
+from .progress import Awaited, timeout_message
+from ..wire.frames import Header, Kind
+
+__all__ = ["Operation", "OperationHost", "arm_deadline", "open_message", "wait_until"]
+
+# The failures that dump the flight recorder (ASYNCDIST_TRACE_DIR), and how the dump's reason names them.
+_DUMPED: dict[type, str] = {
+    CollectiveMismatchError: "collective mismatch", PeerLostError: "lost peer", OperationTimeoutError: "operation timeout",
+}
+
+
+def arm_deadline(
+    future: asyncio.Future,
+    deadline: float,
+    timeout_error: Callable[[], Exception],
+    withdraw: Callable[[], Any] | None = None,
+    warn: tuple[float, Callable[[], Any]] | None = None,
+) -> Callable[[], None]:
+    """Fail ``future`` with ``timeout_error()`` at ``deadline`` (loop time) if it
+    is not done; return what disarms it. Every deadline of an operation is
+    armed here.
+
+    The error is made before ``withdraw`` (e.g. un-posting a receive) runs, so
+    that it can report what was still pending. ``warn``: (loop time, callback)
+    called if the future is still pending then, before the deadline (the hang
+    warning); it shares the deadline's one timer, so it costs nothing more.
+    """
+    loop = future.get_loop()
+    handle: asyncio.TimerHandle
+
+    def expire() -> None:
+        if not future.done():
+            error = timeout_error()
+            if withdraw is not None:
+                withdraw()
+            future.set_exception(error)
+
+    def early() -> None:
+        nonlocal handle
+        handle = loop.call_at(deadline, expire)
+        assert warn is not None
+        warn[1]()
+
+    if warn is not None and warn[0] < deadline:
+        handle = loop.call_at(warn[0], early)
+    else:
+        handle = loop.call_at(deadline, expire)
+    return lambda: handle.cancel()
+
+
+async def wait_until(
+    future: asyncio.Future,
+    deadline: float,
+    timeout_error: Callable[[], Exception],
+    withdraw: Callable[[], Any] | None = None,
+    warn: tuple[float, Callable[[], Any]] | None = None,
+) -> Any:
+    """Await ``future`` until ``deadline`` (loop time), as :func:`arm_deadline`
+    arms it; on cancellation too, ``withdraw`` runs."""
+    if future.done():
+        return future.result()
+    disarm = arm_deadline(future, deadline, timeout_error, withdraw, warn)
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if withdraw is not None:
+            withdraw()
+        raise
+    finally:
+        disarm()
+
+
+class OperationHost(Protocol):
+    """What an Operation needs of its engine (:class:`~asyncdist.engine.engine.Engine`)."""
+
+    rank: int
+    flight: Flight
+
+    def send(self, dst: int, header: Header, payload: memoryview | None) -> asyncio.Future | None: ...
+
+
+class Operation:
+    """One call of a group, from open to completion (see the module docstring).
+
+    Args:
+        engine: this rank's engine.
+        kind: "collective", or "p2p" for one message.
+        ctx: the engine context of its messages.
+        seq: its call number in its group (0 for a message).
+        description: what it is.
+        group_name: its group's name.
+        members: the global rank of each group rank.
+        timeout: seconds it may take (its deadline is ``timeout`` from now).
+        peers: the global ranks it depends on, for its record.
+        record: whether the flight recorder records it.
+        started: its messages flow at once (a message; a collective starts in ``run``).
+
+    Attributes:
+        deadline: when it fails with OperationTimeoutError (loop time).
+        closed: True once it has completed or failed here.
+    """
+
+    __slots__ = (
+        "_engine", "_ring", "_handle", "_receiving", "_sending", "_warn_at",
+        "kind", "ctx", "seq", "description", "group_name", "members", "timeout", "deadline", "closed",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        engine: OperationHost,
+        kind: str,
+        ctx: int,
+        seq: int,
+        description: Description,
+        group_name: str,
+        members: tuple[int, ...],
+        timeout: float,
+        peers: tuple[int, ...],
+        *,
+        record: bool = True,
+        started: bool = False,
+    ) -> None:
+        self._engine = engine
+        self.kind = kind
+        self.ctx = ctx
+        self.seq = seq
+        self.description = description
+        self.group_name = group_name
+        self.members = members
+        self.timeout = timeout
+        self.closed = False
+        posted = CLOCK()  # the loop's clock
+        self.deadline = posted + timeout
+        flight = engine.flight
+        hang_warn = flight.hang_warn
+        self._warn_at = posted + hang_warn if hang_warn else None
+        # What it still waits on, by future: the group ranks it receives from, or sends to.
+        self._receiving: dict[asyncio.Future, tuple[int, ...]] = {}
+        self._sending: dict[asyncio.Future, tuple[int, ...]] = {}
+        self._ring = ring = flight.recorder.ring
+        nbytes = -1 if description.nbytes is None else description.nbytes
+        self._handle = (
+            ring.open(kind, ctx, group_name, seq, description, peers, self, posted, posted if started else None, nbytes)
+            if record else None
+        )  # fmt: skip
+
+    # -- what it is, and what it waits for --------------------------------------------
+
+    @property
+    def where(self) -> str:
+        """How messages name it: "all_reduce(sum, float32[4]) (call #7 in group 'world')",
+        "recv from rank 0 (tag 3, group 'world')"."""
+        if self.description.is_message:
+            return self.description.text
+        return f"{self.description.text} (call #{self.seq} in group {self.group_name!r})"
+
+    def is_open(self) -> bool:
+        """False once it has completed or failed (a :class:`~asyncdist.engine.progress.Step`)."""
+        return not self.closed
+
+    def awaited(self) -> Awaited:
+        """The group ranks whose data it still waits for, and those it still sends to
+        (any thread: a snapshot)."""
+        receiving = {p for future, peers in list(self._receiving.items()) if not future.done() for p in peers}
+        sending = {p for future, peers in list(self._sending.items()) if not future.done() for p in peers}
+        return Awaited(tuple(sorted(receiving)), tuple(sorted(sending)), self.members)
+
+    def expect(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
+        """Note that ``future`` waits on group ranks ``peers`` (for :meth:`awaited`)."""
+        (self._sending if sending else self._receiving)[future] = peers
+
+    def settled(self, future: asyncio.Future) -> None:
+        """``future`` no longer counts among what it waits on."""
+        self._receiving.pop(future, None)
+        self._sending.pop(future, None)
+
+    # -- the deadline and the hang warning: every wait's one timer --------------------
+
+    def arm(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> Callable[[], None]:
+        """Fail ``future`` with this operation's timeout error at its deadline, unless
+        it is done by then, as :func:`arm_deadline` arms it, with the hang
+        warning (``ASYNCDIST_HANG_WARN``) on the same timer; return what disarms it."""
+        return arm_deadline(future, self.deadline, self.timeout_error, withdraw, self._warning())
+
+    async def wait(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> Any:
+        """``await future`` until the deadline (see :func:`wait_until`).
+
+        Raises:
+            OperationTimeoutError: the deadline passed (naming every peer it waits on).
+        """
+        return await wait_until(future, self.deadline, self.timeout_error, withdraw, self._warning())
+
+    def _warning(self) -> tuple[float, Callable[[], Any]] | None:
+        return None if self._warn_at is None else (self._warn_at, self._hang)
+
+    def watch(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> None:
+        """Arm the deadline on a future nobody awaits here (an ``isend``'s or
+        ``irecv``'s Work): disarmed when it is done; ``withdraw`` runs if it is cancelled."""
+        if future.done():
+            return
+        disarm = self.arm(future, withdraw)
+
+        def settle(done: asyncio.Future) -> None:
+            disarm()
+            if done.cancelled() and withdraw is not None:  # a cancelled irecv must not take a later message
+                withdraw()
+
+        future.add_done_callback(settle)
+
+    def timeout_error(self) -> OperationTimeoutError:
+        """Its deadline passed: name it and every peer it still waits on."""
+        self._engine.flight.dumps.on_failure(f"operation timeout in {self.where}")
+        return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self.timeout, self.awaited()))
+
+    def _hang(self) -> None:
+        """It has waited ``ASYNCDIST_HANG_WARN`` s: ask the peers it waits on where they are."""
+        if self._warn_at is None or self.closed:
+            return
+        since, self._warn_at = self._warn_at - self._engine.flight.hang_warn, None  # once
+        awaited = self.awaited()
+        peers = [self.members[p] for p in awaited.receiving or awaited.sending]
+        if self.description.is_message:
+            members = peers  # a message's peers answer with their latest operation of any context
+        else:
+            members = [rank for rank in self.members if rank != self._engine.rank]
+        if members:
+            self._engine.flight.whereabouts.warn(self.ctx, self.seq, self.description, self.group_name, members,
+                                                 peers, since)  # fmt: skip
+
+    # -- messages and the record --------------------------------------------------------
+
+    def send_payload(self, peer: int, tag: int, buf: HostBuffer) -> asyncio.Future | None:
+        """Send ``buf`` to global rank ``peer`` as a message of this operation, with
+        ``tag`` (a collective's call number, a message's user tag); None if it is
+        already in the kernel. A collective's messages carry its description."""
+        header = Header(Kind.DATA, self.ctx, self._engine.rank, tag, self.seq, buf.dtype, buf.shape, buf.nbytes,
+                        "" if self.description.is_message else self.description.text)  # fmt: skip
+        return self._engine.send(peer, header, buf.view)
+
+    def follow(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
+        """A message's one future, waiting on group ranks ``peers``: its record
+        ends when the future is done."""
+        self.expect(future, peers, sending=sending)
+        future.add_done_callback(self._followed)
+
+    def _followed(self, done: asyncio.Future) -> None:
+        self.close(asyncio.CancelledError("cancelled") if done.cancelled() else done.exception(), dump=False)
+
+    def start(self) -> None:
+        """Its messages flow from now (for its record)."""
+        if self._handle is not None:
+            self._ring.start(self._handle)
+
+    def close(self, error: BaseException | None = None, *, dump: bool = True) -> bool:
+        """End it here, completed or failed with ``error``; False if it had ended.
+
+        With ``dump``, a failure that says something went wrong between ranks
+        (a mismatch, a lost peer, a timeout) dumps the flight recorder
+        (``ASYNCDIST_TRACE_DIR``).
+        """
+        self.closed = True
+        handle = self._handle
+        if handle is None:
+            return False
+        if error is None:
+            return bool(self._ring.end(handle))
+        flight = self._engine.flight
+        if not flight.recorder.close(handle, error):
+            return False
+        why = next((why for kind, why in _DUMPED.items() if isinstance(error, kind)), None) if dump else None
+        if why is not None:  # also when another rank found it and told this one (an ABORT)
+            if isinstance(error, PeerLostError):
+                flight.recorder.lost.setdefault(error.rank, str(error))
+            flight.dumps.on_failure(f"{why} in {self.where}")
+        return True
+
+
+def open_message(
+    engine: OperationHost,
+    ctx: int,
+    description: Description,
+    members: tuple[int, ...],
+    peers: Sequence[int],
+    timeout: float,
+) -> Operation:
+    """Open one point-to-point message of a group (recorded, started at once).
+
+    Args:
+        ctx: the group's point-to-point context.
+        description: the message (:func:`~asyncdist.flight.descriptions.describe_message`).
+        members: the global rank of each group rank.
+        peers: the group ranks it waits on: its destination, its source, or
+            for a receive from any rank every other member.
+        timeout: the group's timeout.
+    """
+    global_peers = tuple(members[p] for p in peers)
+    return Operation(engine, "p2p", ctx, 0, description, description.group or "", members, timeout, global_peers,
+                     started=True)  # fmt: skip
