@@ -26,9 +26,9 @@ from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, OperationCancelledError, RankExcludedError
 from ..flight.descriptions import Description
 from .matching import Fold, PostedRecv
-from .operation import Operation, OperationHost
+from .operation import Operation, OperationHost, wait_until
 from .progress import register
-from ..wire.frames import Header
+from ..wire.frames import Header, Kind
 
 __all__ = ["Channel", "ChannelHost"]
 
@@ -103,18 +103,24 @@ class Channel(Operation):
         choose its message sizes by it."""
         return self._host.by_memory(self.members[peer], sending=sending)
 
+    # The methods below are the hot path of every collective: they write to the
+    # Operation's slots themselves rather than call its methods (each Python
+    # call costs ~0.1 us; docs/benchmarks.md counts them).
+
     def start_send(self, buf: HostBuffer, peer: int) -> asyncio.Future | None:
         """Start sending ``buf`` to group rank ``peer``; None if already sent."""
-        future = self.send_payload(self.members[peer], self.seq, buf)
+        host, seq = self._host, self.seq
+        header = Header(Kind.DATA, self.ctx, host.rank, seq, seq, buf.dtype, buf.shape, buf.nbytes, self.op)
+        future = host.send(self.members[peer], header, buf.view)
         if future is not None:
-            self.expect(future, (peer,), sending=True)
+            self._sending[future] = (peer,)
         return future
 
     def start_recv(self, buf: HostBuffer, peer: int, fold: Fold | None = None) -> PostedRecv:
         """Post a receive into ``buf`` from group rank ``peer``; with ``fold``,
         one that combines the message into ``buf`` (:func:`asyncdist.reduce.kernels.folder`)."""
         recv = self._host.post_recv(self.ctx, self.members[peer], self.seq, buf, self._others, op=self.op, fold=fold)
-        self.expect(recv.future, (peer,), sending=False)
+        self._receiving[recv.future] = (peer,)
         return recv
 
     async def wait_send(self, future: asyncio.Future | None, peer: int) -> None:
@@ -122,9 +128,9 @@ class Channel(Operation):
         the channel noted the peer when the send started, for timeout messages)."""
         if future is not None:
             try:
-                await self.wait(future)
+                await wait_until(future, self.deadline, self.timeout_error, None, self._warning())
             finally:
-                self.settled(future)
+                self._sending.pop(future, None)
 
     async def wait_recv(self, recv: PostedRecv, peer: int) -> Header:
         """Wait for a receive started with :meth:`start_recv` (from group rank
@@ -132,9 +138,11 @@ class Channel(Operation):
         an OperationTimeoutError naming every peer the call still waits on."""
         host = self._host
         try:
-            return await self.wait(recv.future, lambda: host.cancel_recv(recv))
+            return await wait_until(
+                recv.future, self.deadline, self.timeout_error, lambda: host.cancel_recv(recv), self._warning()
+            )
         finally:
-            self.settled(recv.future)
+            self._receiving.pop(recv.future, None)
 
     async def run(self, algorithm: Awaitable[T], *, relay: bool = True) -> T:
         """Run the call's algorithm; if it fails or is cancelled here, fail the
@@ -147,7 +155,9 @@ class Channel(Operation):
                 members get :class:`~asyncdist.errors.OperationCancelledError`).
             AsyncDistError: the algorithm's error.
         """
-        self.start()
+        handle = self._handle
+        if handle is not None:  # started: its messages flow
+            self._ring.start(handle)
         try:
             result = await algorithm
         except AsyncDistError as error:
@@ -167,7 +177,8 @@ class Channel(Operation):
         if failed is not None:
             self.close(failed)
             raise failed
-        self.close()
+        if handle is not None:  # completed
+            self._ring.end(handle)
         return result
 
     def fail(self, error: AsyncDistError, *, relay: bool = True) -> None:

@@ -28,7 +28,7 @@ snapshots, see :mod:`asyncdist.engine.progress`).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 from ..buffers.host import HostBuffer
 from ..errors import CollectiveMismatchError, OperationTimeoutError, PeerLostError
@@ -219,13 +219,13 @@ class Operation:
         warning (``ASYNCDIST_HANG_WARN``) on the same timer; return what disarms it."""
         return arm_deadline(future, self.deadline, self.timeout_error, withdraw, self._warning())
 
-    async def wait(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> Any:
-        """``await future`` until the deadline (see :func:`wait_until`).
+    def wait(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> Awaitable[Any]:
+        """``await future`` until the deadline (see :func:`wait_until`): await what this returns.
 
         Raises:
             OperationTimeoutError: the deadline passed (naming every peer it waits on).
         """
-        return await wait_until(future, self.deadline, self.timeout_error, withdraw, self._warning())
+        return wait_until(future, self.deadline, self.timeout_error, withdraw, self._warning())
 
     def _warning(self) -> tuple[float, Callable[[], Any]] | None:
         return None if self._warn_at is None else (self._warn_at, self._hang)
@@ -267,17 +267,15 @@ class Operation:
     # -- messages and the record --------------------------------------------------------
 
     def send_payload(self, peer: int, tag: int, buf: HostBuffer) -> asyncio.Future | None:
-        """Send ``buf`` to global rank ``peer`` as a message of this operation, with
-        ``tag`` (a collective's call number, a message's user tag); None if it is
-        already in the kernel. A collective's messages carry its description."""
-        header = Header(Kind.DATA, self.ctx, self._engine.rank, tag, self.seq, buf.dtype, buf.shape, buf.nbytes,
-                        "" if self.description.is_message else self.description.text)  # fmt: skip
+        """Send ``buf`` to global rank ``peer`` as this message, with the user's
+        ``tag``; None if it is already in the kernel."""
+        header = Header(Kind.DATA, self.ctx, self._engine.rank, tag, 0, buf.dtype, buf.shape, buf.nbytes)
         return self._engine.send(peer, header, buf.view)
 
     def follow(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
         """A message's one future, waiting on group ranks ``peers``: its record
         ends when the future is done."""
-        self.expect(future, peers, sending=sending)
+        (self._sending if sending else self._receiving)[future] = peers
         future.add_done_callback(self._followed)
 
     def _followed(self, done: asyncio.Future) -> None:
@@ -330,6 +328,6 @@ def open_message(
             for a receive from any rank every other member.
         timeout: the group's timeout.
     """
-    global_peers = tuple(members[p] for p in peers)
+    global_peers = tuple(map(members.__getitem__, peers))
     return Operation(engine, "p2p", ctx, 0, description, description.group or "", members, timeout, global_peers,
                      started=True)  # fmt: skip

@@ -41,11 +41,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections import OrderedDict
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 from ..engine.channel import Channel
 from ..engine.engine import Engine
-from ..engine.operation import Operation, open_message
 from ..errors import AsyncDistError, CollectiveMismatchError, OperationCancelledError, PeerLostError
 from ..flight.descriptions import Description, describe
 from ..wire.announcements import Announcement
@@ -310,9 +309,3 @@ class Calls:
             self.engine, m.ranks, m.rank, ctx=self.collective_context, seq=seq, description=description,
             timeout=self.timeout, group_name=m.name, on_close=on_close, record=record,
         )  # fmt: skip
-
-    def message(self, description: Description, peers: Sequence[int]) -> Operation:
-        """Open one point-to-point message of the group (see
-        :func:`~asyncdist.engine.operation.open_message`): ``peers`` are the group
-        ranks it waits on."""
-        return open_message(self.engine, self.p2p_context, description, self.members.ranks, peers, self.timeout)

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..buffers.host import as_host_buffer
 from ..engine.matching import PostedRecv
-from ..engine.operation import Operation
+from ..engine.operation import Operation, open_message
 from ..engine.progress import Progress
 from ..errors import InvalidArgumentError
-from ..flight.descriptions import describe_message
+from ..flight.descriptions import Description, describe_message
 from .calls import Calls
 from .work import Work, completed_future
 
@@ -87,7 +87,7 @@ class PointToPoint:
         peer = self._members.peer(dst, "dst")
         check_tag(tag)
         buf = as_host_buffer(tensor)
-        operation = self._calls.message(describe_message("send", dst, tag, self._members.name, buf.nbytes), (dst,))
+        operation = self._message(describe_message("send", dst, tag, self._members.name, buf.nbytes), (dst,))
         try:
             future = self._send_in_order(dst, lambda: operation.send_payload(peer, tag, buf))
         except BaseException as error:
@@ -107,9 +107,14 @@ class PointToPoint:
         buf = as_host_buffer(tensor, writable=True)
         recv = self._engine.post_recv(self._calls.p2p_context, peer, tag, buf, self._members.others)
         sources = self._members.sources(src)
-        operation = self._calls.message(describe_message("recv", src, tag, self._members.name, buf.nbytes), sources)
+        operation = self._message(describe_message("recv", src, tag, self._members.name, buf.nbytes), sources)
         operation.follow(recv.future, tuple(sources), sending=False)
         return operation, recv
+
+    def _message(self, description: Description, peers: Sequence[int]) -> Operation:
+        """Open one message of the group: ``peers`` are the group ranks it waits on."""
+        calls = self._calls
+        return open_message(self._engine, calls.p2p_context, description, self._members.ranks, peers, calls.timeout)
 
     # -- turns: sends that wait for an earlier device send's copy ---------------------
 

@@ -22,7 +22,6 @@ once; the ``async`` methods complete it.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +31,9 @@ from ..engine.channel import Channel
 from ..engine.engine import Engine
 from ..gpu.device import any_device
 from ..rendezvous.store import Store
+from ..flight.descriptions import Description
 from .calls import CallReservation, Calls
+from .closers import Closers
 from .collectives import Collectives
 from .devices import Devices
 from .fault import FaultTolerance
@@ -118,7 +119,7 @@ class ProcessGroup:
         self.subgroups: Subgroups[ProcessGroup] = Subgroups(self.calls, self._child)
         self.faults: FaultTolerance[ProcessGroup] = FaultTolerance(self.calls, self._child)
         self.store: Store | None = None
-        self._closers: list[Callable[[], Any]] = []
+        self._closers = Closers()
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self.name!r} rank {self.rank}/{self.size}>"
@@ -233,8 +234,9 @@ class ProcessGroup:
         """
         await self.monitor.monitored_barrier(timeout, wait_all_ranks)
 
-    def channel(self, op: str) -> Channel:
-        """Open the channel of the next collective call; ``op`` describes the call.
+    def channel(self, op: Description | str) -> Channel:
+        """Open the channel of the next collective call; ``op`` describes the call
+        (:func:`asyncdist.flight.descriptions.describe`, or a name of your own).
 
         For algorithms of your own: every member must make its collective
         calls in the same order, the n-th call of each rank matched with
@@ -362,8 +364,7 @@ class ProcessGroup:
 
     def pass_on(self, successor: ProcessGroup) -> None:
         """Give ``successor`` (shrunk or grown) what closing this group would release (the engine)."""
-        successor._closers.extend(self._closers)
-        self._closers = []
+        self._closers.hand_to(successor._closers)
 
     # -- observing ----------------------------------------------------------------------
 
@@ -379,7 +380,7 @@ class ProcessGroup:
 
     def on_close(self, closer: Callable[[], Any]) -> None:
         """Run ``closer`` (a function or coroutine function) when the group closes."""
-        self._closers.append(closer)
+        self._closers.add(closer)
 
     async def close(self) -> None:
         """Release what this group owns (for the world group: the engine and store).
@@ -387,18 +388,8 @@ class ProcessGroup:
         Every closer runs, newest first, even when one fails; the first
         failure is raised after the last closer.
         """
-        closers, self._closers = self._closers, []
         self.faults.close()
-        failure: BaseException | None = None
-        for closer in reversed(closers):
-            try:
-                result = closer()
-                if inspect.isawaitable(result):
-                    await result
-            except Exception as exc:
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+        await self._closers.run()
 
     async def __aenter__(self) -> ProcessGroup:
         return self

@@ -33,6 +33,7 @@ import traceback
 import uuid
 from typing import Any, Callable
 
+from .. import settings
 from ..errors import DistTimeoutError
 from ..rendezvous.tcp_store import TCPStore
 
@@ -80,6 +81,7 @@ def _rank_main(rank: int, env: dict[str, str], fn: Callable[..., Any], args: tup
     os.setpgid(0, 0)  # lead a process group, so that spawn can end whatever this rank starts
     os.environ.pop("ASYNCDIST_STORE_ADDR", None)  # an outer asyncdist-run's store, not the parent's
     os.environ.update(env)
+    settings.refresh()  # this rank's variables, not those its import read
     try:
         results.put(_outcome(rank, fn, args))
         # In the queue before this rank's sockets close: a peer's error about the

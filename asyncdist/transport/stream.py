@@ -39,7 +39,7 @@ import logging
 import socket
 import struct
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ..errors import PeerLostError, ProtocolError
 from ..wire.control import ControlFrame, Done, encode_control
@@ -74,11 +74,9 @@ _READS_PAST_SHORT = ("uvloop",)
 _MAX_IOV = 512
 
 
-class _PendingWrite:
-    __slots__ = ("views", "future")
-
-    def __init__(self, views: deque[memoryview], future: asyncio.Future) -> None:
-        self.views, self.future = views, future
+class _PendingWrite(NamedTuple):
+    views: deque[memoryview]  # what the socket has not taken yet, consumed in place
+    future: asyncio.Future  # resolved once the last view is in the kernel
 
 
 class Connection:
