@@ -110,7 +110,8 @@ class Channel(Operation):
     def start_send(self, buf: HostBuffer, peer: int) -> asyncio.Future | None:
         """Start sending ``buf`` to group rank ``peer``; None if already sent."""
         host, seq = self._host, self.seq
-        header = Header(Kind.DATA, self.ctx, host.rank, seq, seq, buf.dtype, buf.shape, buf.nbytes, self.op)
+        header = Header(kind=Kind.DATA, ctx=self.ctx, src=host.rank, tag=seq, seq=seq, dtype=buf.dtype,
+                        shape=buf.shape, nbytes=buf.nbytes, op=self.op)  # fmt: skip
         future = host.send(self.members[peer], header, buf.view)
         if future is not None:
             self._sending[future] = (peer,)

@@ -269,7 +269,8 @@ class Operation:
     def send_payload(self, peer: int, tag: int, buf: HostBuffer) -> asyncio.Future | None:
         """Send ``buf`` to global rank ``peer`` as this message, with the user's
         ``tag``; None if it is already in the kernel."""
-        header = Header(Kind.DATA, self.ctx, self._engine.rank, tag, 0, buf.dtype, buf.shape, buf.nbytes)
+        header = Header(kind=Kind.DATA, ctx=self.ctx, src=self._engine.rank, tag=tag, seq=0, dtype=buf.dtype,
+                        shape=buf.shape, nbytes=buf.nbytes)  # fmt: skip
         return self._engine.send(peer, header, buf.view)
 
     def follow(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
