@@ -8,9 +8,9 @@ Operation. It holds everything the call is and everything said about it:
 * what it is: its :class:`~asyncdist.flight.descriptions.Description` (op,
   root, reduce op, dtype, shape; a message's peer and tag), made by the
   group layer, never parsed back from a string;
-* its deadline and its hang warning, armed by :meth:`Operation.arm`, the one
-  timer of every wait (a collective's receives and sends, a blocking or an
-  ``i*`` message, a device operation's copies);
+* its deadline and its hang warning, on the one timer of every wait
+  (:func:`arm_deadline`: a collective's receives and sends, a blocking or
+  an ``i*`` message);
 * its progress: the futures it still waits on, by peer, so that a timeout
   (its own, or a ``Work.wait``'s) can say whom it waits for
   (:meth:`Operation.awaited`; it is a :class:`~asyncdist.engine.progress.Step`);
@@ -18,8 +18,8 @@ Operation. It holds everything the call is and everything said about it:
 
 A collective call's :class:`~asyncdist.engine.channel.Channel` is an
 Operation with the algorithms' send and receive. A message is opened by
-:func:`open_message` and sent with :meth:`Operation.send`, which builds
-its data header: no layer above the engine builds a header.
+:func:`open_message` and sent with :meth:`Operation.send_payload`, which
+builds its data header: no layer above the engine builds a header.
 
 Loop thread only, except :meth:`awaited` and :attr:`where` (any thread:
 snapshots, see :mod:`asyncdist.engine.progress`).
@@ -202,10 +202,6 @@ class Operation:
         sending = {p for future, peers in list(self._sending.items()) if not future.done() for p in peers}
         return Awaited(tuple(sorted(receiving)), tuple(sorted(sending)), self.members)
 
-    def expect(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
-        """Note that ``future`` waits on group ranks ``peers`` (for :meth:`awaited`)."""
-        (self._sending if sending else self._receiving)[future] = peers
-
     def settled(self, future: asyncio.Future) -> None:
         """``future`` no longer counts among what it waits on."""
         self._receiving.pop(future, None)
@@ -281,11 +277,6 @@ class Operation:
 
     def _followed(self, done: asyncio.Future) -> None:
         self.close(asyncio.CancelledError("cancelled") if done.cancelled() else done.exception(), dump=False)
-
-    def start(self) -> None:
-        """Its messages flow from now (for its record)."""
-        if self._handle is not None:
-            self._ring.start(self._handle)
 
     def close(self, error: BaseException | None = None, *, dump: bool = True) -> bool:
         """End it here, completed or failed with ``error``; False if it had ended.
