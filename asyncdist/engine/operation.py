@@ -121,7 +121,8 @@ class Operation:
 
     Args:
         engine: this rank's engine.
-        kind: "collective", or "p2p" for one message.
+        kind: "collective", "p2p" for one message, or "device" for a device
+            operation's own waits (the copies of staging, an NCCL call).
         ctx: the engine context of its messages.
         seq: its call number in its group (0 for a message).
         description: what it is.
@@ -187,7 +188,7 @@ class Operation:
     def where(self) -> str:
         """How messages name it: "all_reduce(sum, float32[4]) (call #7 in group 'world')",
         "recv from rank 0 (tag 3, group 'world')"."""
-        if self.description.is_message:
+        if self.description.is_message or self.kind == "device":
             return self.description.text
         return f"{self.description.text} (call #{self.seq} in group {self.group_name!r})"
 
@@ -243,7 +244,8 @@ class Operation:
     def timeout_error(self) -> OperationTimeoutError:
         """Its deadline passed: name it and every peer it still waits on."""
         self._engine.flight.dumps.on_failure(f"operation timeout in {self.where}")
-        return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self.timeout, self.awaited()))
+        why = ": the device did not finish its work" if self.kind == "device" else ""
+        return OperationTimeoutError(timeout_message(self._engine.rank, self.where, self.timeout, self.awaited(), why=why))
 
     def _hang(self) -> None:
         """It has waited ``ASYNCDIST_HANG_WARN`` s: ask the peers it waits on where they are."""

@@ -43,7 +43,7 @@ from .nccl_ops import ISSUERS, Issue
 from .operands import SPECS
 from .poll import wait_events
 from .pinned_staging import device_errors
-from .seams import IdStore, NcclGroup
+from .seams import DeviceWait, IdStore, NcclGroup
 
 __all__ = ["NcclBackend", "NcclUser"]
 
@@ -82,7 +82,7 @@ class NcclBackend:
     async def collective(self, name: str, arguments: dict[str, Any]) -> None:
         """Run collective ``name`` (arguments by name, device arrays in them) on NCCL."""
         what = f"{name} on group {self._group.name!r} (NCCL)"
-        deadline = asyncio.get_running_loop().time() + self._group.timeout
+        operation = self._group.calls.device_operation(name, what)
         previous, mine = self._take_turn()
         try:
             start = _Start(_device_arrays(name, arguments), what)
@@ -90,7 +90,7 @@ class NcclBackend:
             done, issue = self._issue([start], [(name, arguments)], what, grouped=False)
         finally:
             mine.set_result(None)
-        await self._complete(start, done, deadline, what)
+        await self._complete(start, done, operation, what)
         del issue  # kept the op's temporaries (scaled copies) alive until now
 
     async def p2p(self, kind: str, tensor: Any, peer: int | None) -> int | None:
@@ -107,7 +107,7 @@ class NcclBackend:
         group.members.peer(peer, "dst" if kind == "send" else "src")
         what = f"{kind} {'to' if kind == 'send' else 'from'} rank {peer} on group {group.name!r} (NCCL)"
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + group.timeout
+        operation = group.calls.device_operation(kind, what)
         start = _Start([tensor], what)
         batch = self._batch
         if batch is None:
@@ -115,7 +115,7 @@ class NcclBackend:
             asyncio.ensure_future(self._flush(batch, *self._take_turn()))
         batch.items.append((start, (kind, {"tensor": tensor, "peer": peer})))
         done = await asyncio.shield(batch.done)
-        await self._complete(start, done, deadline, what)
+        await self._complete(start, done, operation, what)
         return peer if kind == "recv" else None
 
     async def _flush(self, batch: _Batch, previous: asyncio.Future | None, mine: asyncio.Future) -> None:
@@ -167,9 +167,9 @@ class NcclBackend:
                     adapter.keep_alive(array, self._stream)
             return adapter.record_event(self._stream), issue
 
-    async def _complete(self, start: _Start, done: Any, deadline: float, what: str) -> None:
+    async def _complete(self, start: _Start, done: Any, operation: DeviceWait, what: str) -> None:
         try:
-            await wait_events(start.adapter, [done], deadline=deadline, what=what, check=self._check_async_error)
+            await wait_events(start.adapter, [done], operation=operation, check=self._check_async_error)
         except BaseException as exc:
             self._fail(exc)
             raise

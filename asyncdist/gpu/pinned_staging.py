@@ -52,7 +52,7 @@ from .device import DeviceAdapter, adapter_for
 from .operands import PIPELINED, Spec
 from .pinned_pool import pool_for
 from .poll import wait_events
-from .seams import CallNumbers, StagingGroup
+from .seams import CallNumbers, DeviceWait, StagingGroup
 
 __all__ = ["PIPELINE_CHUNK_BYTES", "run_staged", "StagedOperand", "StagedP2P", "device_errors", "side_stream"]
 
@@ -175,10 +175,10 @@ class StagedOperand:
         pool_for(self.adapter).release(self.block, self.lane.done if self._wrote else self._read, keep=self.array)
 
 
-async def _copied_in(operands: list[StagedOperand], deadline: float, what: str) -> None:
+async def _copied_in(operands: list[StagedOperand], operation: DeviceWait) -> None:
     for op in operands:
         if op._read is not None:
-            await wait_events(op.adapter, [op._read], deadline=deadline, what=what)
+            await wait_events(op.adapter, [op._read], operation=operation)
 
 
 def _stand_ins(spec: Spec, arguments: dict[str, Any], rank: int, lanes: Lanes, operands: list[StagedOperand]) -> dict[str, Any]:
@@ -244,17 +244,17 @@ async def run_staged(
     reservation = group.reserve_calls(len(chunks) if chunks else spec.calls(arguments))
     lanes, operands = Lanes(), list[StagedOperand]()
     what = f"{name} on group {group.name!r} (device staging)"
-    deadline = asyncio.get_running_loop().time() + group.timeout
+    operation = group.calls.device_operation(name, what)
     try:
         with device_errors(what):
             host_args = _stand_ins(spec, arguments, group.rank, lanes, operands)
         if chunks is not None:
-            return await _pipelined(operands[0], chunks, host_args, invoke, reservation, deadline, what)
+            return await _pipelined(operands[0], chunks, host_args, invoke, reservation, operation, what)
         with device_errors(what):
             for op in operands:
                 if op.reads:
                     op.fill()
-        await _copied_in(operands, deadline, what)
+        await _copied_in(operands, operation)
         with reservation.active():
             result = await invoke(host_args)
         with device_errors(what):
@@ -283,7 +283,7 @@ async def _pipelined(
     host_args: dict[str, Any],
     invoke: Callable[[dict[str, Any]], Awaitable[Any]],
     reservation: CallNumbers,
-    deadline: float,
+    operation: DeviceWait,
     what: str,
 ) -> Any:
     flat, size = op.host.reshape(-1), op.itemsize
@@ -292,7 +292,7 @@ async def _pipelined(
     result = None
     for i, (start, stop) in enumerate(chunks):
         if events:
-            await wait_events(op.adapter, [events[i]], deadline=deadline, what=what)
+            await wait_events(op.adapter, [events[i]], operation=operation)
         with reservation.active():
             result = await invoke({**host_args, "tensor": flat[start // size : stop // size]})
         if op.writes:
@@ -318,9 +318,9 @@ class StagedP2P:
                 self._op.fill()
         self.host = self._op.host
 
-    async def ready(self, deadline: float) -> None:
-        """Return once the copy in (of a send) is done."""
-        await _copied_in([self._op], deadline, self.what)
+    async def ready(self, operation: DeviceWait) -> None:
+        """Return once the copy in (of a send) is done, within ``operation``'s deadline."""
+        await _copied_in([self._op], operation)
 
     def write_back(self, future: asyncio.Future | None = None) -> None:
         """Queue the copy back (of a receive); the caller's stream waits for it, and

@@ -34,9 +34,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
-from ..errors import OperationTimeoutError
+from ..engine.operation import arm_deadline
 from ..transport.spinning import may_spin, spin_seconds
 from .device import DeviceAdapter
+from .seams import DeviceWait
 
 __all__ = ["wait_events", "SPIN_POLLS", "FIRST_SLEEP", "MAX_SLEEP", "WAITER_THREADS"]
 
@@ -69,8 +70,7 @@ async def wait_events(
     adapter: DeviceAdapter,
     events: Sequence[Any],
     *,
-    deadline: float,
-    what: str,
+    operation: DeviceWait,
     check: Callable[[], None] | None = None,
 ) -> None:
     """Return once every event of ``events`` is complete (loop thread).
@@ -78,13 +78,13 @@ async def wait_events(
     Args:
         adapter: the adapter that made the events.
         events: events, waited for in order.
-        deadline: loop time after which to give up.
-        what: the operation, for the timeout's message.
+        operation: the device operation whose deadline bounds the wait, on the
+            one timer of every operation (:func:`~asyncdist.engine.operation.arm_deadline`).
         check: called between polls; raises to abandon the wait (NCCL's
             asynchronous errors). Given, the wait polls.
 
     Raises:
-        OperationTimeoutError: not complete by ``deadline``.
+        OperationTimeoutError: not complete by the operation's deadline.
         Exception: the library's error, from a worker's ``synchronize``.
     """
     loop = asyncio.get_running_loop()
@@ -97,28 +97,30 @@ async def wait_events(
         if check is not None:
             check()
         await asyncio.sleep(0)
-    if check is None and adapter.thread_waits and not _spun_by_caller():
-        waiter = loop.run_in_executor(_waiter_pool(), _synchronize_all, adapter, pending)
-        if not (await asyncio.wait((waiter,), timeout=max(0.0, deadline - loop.time())))[0]:
-            raise _timeout(what)
-        waiter.result()
-        return
-    delay = FIRST_SLEEP
-    for event in pending:
-        while not adapter.query(event):
-            if check is not None:
-                check()
-            if loop.time() >= deadline:
-                raise _timeout(what)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_SLEEP)
+    expired = loop.create_future()  # failed by the timer at the deadline
+    disarm = arm_deadline(expired, operation.deadline, operation.timeout_error)
+    try:
+        if check is None and adapter.thread_waits and not _spun_by_caller():
+            waiter = loop.run_in_executor(_waiter_pool(), _synchronize_all, adapter, pending)
+            await asyncio.wait((waiter, expired), return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.done():
+                expired.result()  # raises the timeout error the timer set
+            waiter.result()
+            return
+        delay = FIRST_SLEEP
+        for event in pending:
+            while not adapter.query(event):
+                if check is not None:
+                    check()
+                if expired.done():
+                    expired.result()  # raises the timeout error the timer set
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_SLEEP)
+    finally:
+        disarm()
 
 
 def _spun_by_caller() -> bool:
     """Whether a blocking facade call spins this loop in its own thread: it runs
     the operation without a Task (:mod:`asyncdist.loop.turns`), and spins if allowed."""
     return asyncio.current_task() is None and may_spin() and spin_seconds() > 0
-
-
-def _timeout(what: str) -> OperationTimeoutError:
-    return OperationTimeoutError(f"{what}: the device did not finish its work in time (timeout)")

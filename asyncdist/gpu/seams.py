@@ -7,10 +7,14 @@ naming them (mypy checks it where group/ passes a group in: ``group/devices.py``
 for staging, ``facade/lifecycle.py`` for NCCL), and a test may pass a fake.
 
 * :class:`StagingGroup`: what :func:`~.pinned_staging.run_staged` reads (the
-  group's rank, name and timeout) and the call numbers it reserves.
+  group's rank and name), where it opens its device operation, and the call
+  numbers it reserves.
 * :class:`NcclGroup`: what :class:`~.nccl.NcclBackend` reads, besides: the
   group's size, its collective context (the key of its unique id), the
   check of a peer argument, its close hook and its store.
+* :class:`DeviceWait`: a device operation's deadline and timeout error (an
+  :class:`~asyncdist.engine.operation.Operation` of kind "device"), which
+  every wait for the device is bounded by; both groups open one per operation.
 * :class:`IdStore`: the two store calls the NCCL unique id travels through;
   every :class:`~asyncdist.rendezvous.store.Store` has them.
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Protocol
 
-__all__ = ["CallNumbers", "IdStore", "NcclGroup", "StagingGroup"]
+__all__ = ["CallNumbers", "DeviceCalls", "DeviceWait", "IdStore", "NcclGroup", "StagingGroup"]
 
 
 class IdStore(Protocol):
@@ -46,6 +50,19 @@ class CallNumbers(Protocol):
         ...
 
 
+class DeviceWait(Protocol):
+    """A device operation's deadline (an :class:`~asyncdist.engine.operation.Operation`)."""
+
+    @property
+    def deadline(self) -> float:
+        """When its waits give up (loop time)."""
+        ...
+
+    def timeout_error(self) -> Exception:
+        """The error of a wait that reached the deadline, naming the operation."""
+        ...
+
+
 class StagingGroup(Protocol):
     """A group, as pinned staging sees it."""
 
@@ -60,8 +77,8 @@ class StagingGroup(Protocol):
         ...
 
     @property
-    def timeout(self) -> float:
-        """Seconds every operation of the group may take."""
+    def calls(self) -> DeviceCalls:
+        """Its calls: where a device operation is opened."""
         ...
 
     def reserve_calls(self, count: int) -> CallNumbers:
@@ -69,7 +86,16 @@ class StagingGroup(Protocol):
         ...
 
 
-class _Contexts(Protocol):
+class DeviceCalls(Protocol):
+    """A group's calls, as far as a device operation needs them."""
+
+    def device_operation(self, op: str, what: str) -> DeviceWait:
+        """Open a device operation ``op`` ("all_reduce", "send"), named ``what`` in
+        messages; its deadline is the group's timeout from now."""
+        ...
+
+
+class _Contexts(DeviceCalls, Protocol):
     @property
     def collective_context(self) -> int: ...
 
@@ -97,13 +123,9 @@ class NcclGroup(Protocol):
         ...
 
     @property
-    def timeout(self) -> float:
-        """Seconds every operation of the group may take."""
-        ...
-
-    @property
     def calls(self) -> _Contexts:
-        """Its calls' bookkeeping: the engine context of its collective calls, the same on every member."""
+        """Its calls: the engine context of its collective calls (the same on every
+        member), and where a device operation is opened."""
         ...
 
     @property

@@ -45,6 +45,7 @@ from typing import Callable, Iterator
 
 from ..engine.channel import Channel
 from ..engine.engine import Engine
+from ..engine.operation import Operation
 from ..errors import AsyncDistError, CollectiveMismatchError, OperationCancelledError, PeerLostError
 from ..flight.descriptions import Description, describe
 from ..wire.announcements import Announcement
@@ -300,6 +301,15 @@ class Calls:
         self._last += 1
         self._open.add(self._last)
         return self._last
+
+    def device_operation(self, op: str, what: str) -> Operation:
+        """Open a device operation (the copies of staging, an NCCL call): its waits
+        for the device end at the group's deadline, on the one timer of every
+        operation. Not recorded: the host calls it makes are, and NCCL's are its own."""
+        m = self.members
+        description = Description(op, text=what)
+        return Operation(self.engine, "device", self.collective_context, 0, description, m.name, m.ranks,
+                         self.timeout, (), record=False)  # fmt: skip
 
     def _channel(
         self, seq: int, description: Description, on_close: Callable[[int], None] | None = None, record: bool = False

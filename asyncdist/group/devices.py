@@ -135,14 +135,14 @@ class Devices:
         staged = StagedP2P(tensor, _adapter(tensor), send=True, what=what)
         p2p = self._p2p
         previous, gate = p2p.queue_send(dst)
-        deadline = asyncio.get_running_loop().time() + self._calls.timeout
+        operation = self._calls.device_operation("send", what)
 
         async def run() -> None:
             try:
                 try:
                     if previous is not None:
                         await asyncio.wait([previous])
-                    await staged.ready(deadline)
+                    await staged.ready(operation)
                     p2p.my_turn()
                     inner = p2p.isend(staged.host, dst, tag)
                 finally:
