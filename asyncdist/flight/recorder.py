@@ -3,15 +3,17 @@
 When a job hangs or the ranks disagree, the question is what each rank was
 doing. The recorder keeps the answer: a ring of the rank's last ``N``
 operations (``ASYNCDIST_TRACE_BUFFER``, default 2000; 0 turns it off), each
-with its group and call number, the call's description as the group layer
-wrote it ("all_reduce(sum, float32[4])"), the peers, the time of each state
+with its group and call number, the call's
+:class:`~asyncdist.flight.descriptions.Description` as the group layer made
+it, the peers, the time of each state
 change (posted, started, completed or failed) and the error. A dump
 (:mod:`asyncdist.flight.dumps`) writes it as JSON; ``asyncdist-trace``
 merges the dumps of every rank.
 
 It must not know the names of collectives: the group layer hands it a
-description and the engine stores it. Parsing the description (op, root,
-dtype, shape, bytes) happens when a dump is read, never on the hot path.
+description and the engine stores it. A dump writes the description's text
+(``desc``) and its parts (``described``), which ``asyncdist-trace`` reads;
+nothing is parsed back.
 
 The ring the operations are recorded in, on the hot path, is
 :mod:`asyncdist.flight.record_ring` (in C where it was built); this module is what
@@ -28,7 +30,6 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .. import settings
-from ..errors import InvalidArgumentError
 from .record_ring import (
     CLOCK, CTX, ENDED_AT, ERROR, FIELDS, POSTED_AT, SERIAL, STARTED_AT, STEP, Entry, RecordRing,
 )  # fmt: skip

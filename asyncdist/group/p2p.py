@@ -63,7 +63,7 @@ class PointToPoint:
         """Start sending ``tensor`` to group rank ``dst``; see ProcessGroup.isend."""
         operation, future = self._start_send(tensor, dst, tag)
         operation.watch(future)
-        return Work(future, operation.where, [tensor], Progress(self._members.me, operation.where, [operation]))
+        return self._work(future, operation, tensor)
 
     async def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to group rank ``dst``; see ProcessGroup.send."""
@@ -75,7 +75,7 @@ class PointToPoint:
         operation, recv = self._start_recv(tensor, src, tag)
         future = _chain(recv.future, lambda header: self._members.group_rank(header.src))
         operation.watch(future, lambda: self._engine.cancel_recv(recv))
-        return Work(future, operation.where, [tensor], Progress(self._members.me, operation.where, [operation]))
+        return self._work(future, operation, tensor)
 
     async def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor``; see ProcessGroup.recv."""
@@ -110,6 +110,11 @@ class PointToPoint:
         operation = self._message(describe_message("recv", src, tag, self._members.name, buf.nbytes), sources)
         operation.follow(recv.future, tuple(sources), sending=False)
         return operation, recv
+
+    def _work(self, future: asyncio.Future, operation: Operation, tensor: Any) -> Work:
+        """The Work of a message started with an ``i*`` call: a timed-out ``wait``
+        names its peer, as a collective's names the peers it waits on."""
+        return Work(future, operation.where, [tensor], Progress(self._members.me, operation.where, [operation]))
 
     def _message(self, description: Description, peers: Sequence[int]) -> Operation:
         """Open one message of the group: ``peers`` are the group ranks it waits on."""
