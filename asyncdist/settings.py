@@ -14,7 +14,7 @@ it starts something that a variable set just before should reach
 (:func:`refresh`): ``init_world``, ``init_process_group``, a ``TCPStore``,
 a ``LoopThread``, the launcher, and the torch functions that read the
 environment at each call. ``docs/configuration.md``'s tables are this
-module's declarations (``python -m asyncdist.settings --markdown``; a test
+module's declarations (``python -m asyncdist.configuration``; a test
 compares them). No other module of the package reads ``os.environ``, except
 to build the environment of a process it starts.
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -351,8 +350,3 @@ def markdown() -> str:
                      f"{family.default_doc} | {family.unit} |\n" for family in LAUNCHER_VARIABLES)
     return f"## asyncdist's own\n\n{head}{own}\n## torch-compatible and launchers'\n\n{head}{theirs}"
 
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--markdown"]:
-        sys.exit("usage: python -m asyncdist.settings --markdown")
-    sys.stdout.write(markdown())
