@@ -89,7 +89,7 @@ def test_every_name_is_declared_once() -> None:
 
 
 def test_the_configuration_page_shows_the_declarations() -> None:
-    printed = subprocess.run([sys.executable, "-m", "asyncdist.settings", "--markdown"], capture_output=True,
+    printed = subprocess.run([sys.executable, "-m", "asyncdist.configuration"], capture_output=True,
                              text=True, check=True, cwd=PAGE.parents[1]).stdout
     assert printed == settings.markdown()
     assert printed in PAGE.read_text(), "docs/configuration.md differs: paste `python -m asyncdist.configuration`"
