@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from types import MappingProxyType
 from collections.abc import Mapping
 from typing import Any
@@ -92,34 +91,44 @@ _NUMPY_NAMES = {np.dtype(name): name for name in _NUMPY_ITEMSIZES}
 _NUMPY_DTYPES = {name: dtype for dtype, name in _NUMPY_NAMES.items()}
 
 
-@dataclass(slots=True, frozen=True, eq=False)
 class HostBuffer:
     """A flat byte view of an array's memory, with its dtype and shape.
 
-    ``eq=False``: a buffer is compared by identity. Comparing memoryviews
-    compares their contents, O(nbytes), and a writable memoryview cannot be
-    hashed, neither of which a per-message record should do by accident.
+    Immutable, and compared by identity: comparing memoryviews compares
+    their contents, O(nbytes), and a writable memoryview cannot be hashed,
+    neither of which a per-message record should do by accident. Its size is
+    computed once, as it is made: every message of a call reads it several times.
 
     Attributes:
         view: 1-D memoryview of format ``"B"`` and length ``nbytes`` over the
             object's own memory; read-only unless made with ``writable=True``.
         dtype: canonical dtype name, a key of :data:`ITEMSIZES`.
         shape: the object's shape; ``()`` for a 0-d tensor or a scalar.
+        nbytes: size of the data in bytes.
+        numel: number of elements (1 for a 0-d buffer).
     """
+
+    __slots__ = ("view", "dtype", "shape", "nbytes", "numel")
 
     view: memoryview
     dtype: str
     shape: tuple[int, ...]
+    nbytes: int
+    numel: int
 
-    @property
-    def nbytes(self) -> int:
-        """Size of the data in bytes."""
-        return self.view.nbytes
+    def __init__(self, view: memoryview, dtype: str, shape: tuple[int, ...]) -> None:
+        init = object.__setattr__
+        init(self, "view", view)
+        init(self, "dtype", dtype)
+        init(self, "shape", shape)
+        init(self, "nbytes", view.nbytes)
+        init(self, "numel", math.prod(shape))
 
-    @property
-    def numel(self) -> int:
-        """Number of elements (1 for a 0-d buffer)."""
-        return math.prod(self.shape)
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"HostBuffer is immutable: cannot set {name!r}")
+
+    def __repr__(self) -> str:
+        return f"HostBuffer({describe(self.dtype, self.shape)})"
 
     def elements(self, start: int, stop: int) -> HostBuffer:
         """Elements ``[start, stop)`` as a flat buffer over the same memory."""
@@ -162,10 +171,10 @@ def as_host_buffer(obj: Any, *, writable: bool = False, name: str = "tensor") ->
         >>> buf.dtype, buf.shape, buf.nbytes
         ('float32', (4, 2), 32)
     """
-    if is_torch_tensor(obj):
-        return _from_torch(obj, writable=writable, name=name)
     if isinstance(obj, (np.ndarray, np.generic)):
         return _from_numpy(obj, writable=writable, name=name)
+    if is_torch_tensor(obj):
+        return _from_torch(obj, writable=writable, name=name)
     return _from_buffer_protocol(obj, writable=writable, name=name)
 
 
@@ -325,7 +334,12 @@ def _from_numpy(a: np.ndarray | np.generic, *, writable: bool, name: str) -> Hos
         raise _not_contiguous(f"{name} is a {_numpy_what(a)} with byte strides {a.strides}")
     if writable and not a.flags.writeable:
         raise _read_only(name, _numpy_what(a))
-    return _host_buffer(_bytes_of(a), dtype, a.shape, writable)
+    memory: Any = a  # a NumPy scalar has the buffer protocol too, unlike its stub
+    try:
+        view = memoryview(memory).cast("B")
+    except TypeError:
+        view = _bytes_of(a)  # an empty N-d array
+    return HostBuffer(view if writable else view.toreadonly(), dtype, a.shape)
 
 
 def _numpy_what(a: np.ndarray | np.generic) -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Awaitable, Protocol, TypeVar
 
 import numpy as np
 
@@ -92,8 +92,9 @@ class Channel(Protocol[Recv]):
         """
         ...
 
-    async def wait_send(self, future: asyncio.Future[None] | None, peer: int) -> None:
-        """Wait until a send from :meth:`start_send` to ``peer`` no longer needs its buffer."""
+    def wait_send(self, future: asyncio.Future[None] | None, peer: int) -> Awaitable[None]:
+        """Await what this returns to wait until a send from :meth:`start_send` to
+        ``peer`` no longer needs its buffer."""
         ...
 
     def start_recv(self, buf: HostBuffer, peer: int, fold: Fold | None = None) -> Recv:
@@ -110,8 +111,8 @@ class Channel(Protocol[Recv]):
         """
         ...
 
-    async def wait_recv(self, recv: Recv, peer: int) -> object:
-        """Wait for a receive posted with :meth:`start_recv` from ``peer``.
+    def wait_recv(self, recv: Recv, peer: int) -> Awaitable[object]:
+        """Await what this returns to wait for a receive posted with :meth:`start_recv` from ``peer``.
 
         Returns:
             A description of the message, which algorithms do not need.
@@ -125,26 +126,38 @@ class Channel(Protocol[Recv]):
         """Take back a posted receive that will not be waited for (the call failed)."""
         ...
 
-    async def send(self, buf: HostBuffer, peer: int) -> None:
-        """Send ``buf`` to group rank ``peer`` and wait for it."""
+    def send(self, buf: HostBuffer, peer: int) -> Awaitable[None]:
+        """Send ``buf`` to group rank ``peer``: await what this returns."""
         ...
 
-    async def recv(self, buf: HostBuffer, peer: int) -> object:
-        """Receive into ``buf`` from group rank ``peer`` and wait for it."""
+    def recv(self, buf: HostBuffer, peer: int) -> Awaitable[object]:
+        """Receive into ``buf`` from group rank ``peer``: await what this returns."""
         ...
 
 
-async def sendrecv(
+def sendrecv(
     channel: Channel[Recv], send_buf: HostBuffer, dst: int, recv_buf: HostBuffer, src: int, fold: Fold | None = None
-) -> None:
+) -> Awaitable[object]:
     """Send ``send_buf`` to ``dst`` and receive into ``recv_buf`` (folding it in,
     if ``fold`` is given) from ``src`` at once, over any Channel (no extra
-    tasks); the receive is withdrawn if the send fails."""
+    tasks); await what this returns. The receive is withdrawn if the send fails.
+
+    A send that is complete already (a small message) leaves only the
+    receive to wait for, which is then awaited without a coroutine of its own.
+    """
     sending = channel.start_send(send_buf, dst)
     receiving = channel.start_recv(recv_buf, src, fold)
+    if sending is None:
+        return channel.wait_recv(receiving, src)
+    return _send_then_receive(channel, sending, dst, receiving, src)
+
+
+async def _send_then_receive(
+    channel: Channel[Recv], sending: asyncio.Future[None], dst: int, receiving: Recv, src: int
+) -> object:
     try:
         await channel.wait_send(sending, dst)
     except BaseException:
         channel.withdraw(receiving)
         raise
-    await channel.wait_recv(receiving, src)
+    return await channel.wait_recv(receiving, src)

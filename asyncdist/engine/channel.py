@@ -19,6 +19,7 @@ the Work's :class:`~asyncdist.engine.progress.Progress` when it opens).
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from .abort import is_relayed
@@ -26,8 +27,8 @@ from ..buffers.host import HostBuffer
 from ..errors import AsyncDistError, OperationCancelledError, RankExcludedError
 from ..flight.descriptions import Description
 from .matching import Fold, PostedRecv
-from .operation import Operation, OperationHost, wait_until
-from .progress import register
+from .operation import Operation, OperationHost
+from .progress import CURRENT
 from ..wire.frames import Header, Kind
 
 __all__ = ["Channel", "ChannelHost"]
@@ -94,7 +95,9 @@ class Channel(Operation):
         self.rank = rank
         self.size = len(ranks)
         self.op = description.text
-        register(self)  # with the Work this call runs for, if any
+        progress = CURRENT.get()  # the Work this call runs for, if any
+        if progress is not None:
+            progress.add(self)
 
     def by_memory(self, peer: int, *, sending: bool) -> bool:
         """Whether large payloads sent to (``sending``) or received from group
@@ -124,26 +127,23 @@ class Channel(Operation):
         self._receiving[recv.future] = (peer,)
         return recv
 
-    async def wait_send(self, future: asyncio.Future | None, peer: int) -> None:
-        """Wait for a send started with :meth:`start_send` (to group rank ``peer``;
-        the channel noted the peer when the send started, for timeout messages)."""
-        if future is not None:
-            try:
-                await wait_until(future, self.deadline, self.timeout_error, None, self._warning())
-            finally:
-                self._sending.pop(future, None)
+    def wait_send(self, future: asyncio.Future | None, peer: int) -> Awaitable[None]:
+        """Await what this returns to wait for a send started with :meth:`start_send`
+        (to group rank ``peer``; the channel noted the peer when the send
+        started, for timeout messages)."""
+        if future is None:
+            future = asyncio.Future(loop=asyncio.get_running_loop())
+            future.set_result(None)
+        self._awaiting, self._withdraw = future, None  # what the deadline fails (see Operation.awaiting)
+        return future
 
-    async def wait_recv(self, recv: PostedRecv, peer: int) -> Header:
-        """Wait for a receive started with :meth:`start_recv` (from group rank
-        ``peer``; noted when it was posted). On the call's deadline it fails with
-        an OperationTimeoutError naming every peer the call still waits on."""
-        host = self._host
-        try:
-            return await wait_until(
-                recv.future, self.deadline, self.timeout_error, lambda: host.cancel_recv(recv), self._warning()
-            )
-        finally:
-            self._receiving.pop(recv.future, None)
+    def wait_recv(self, recv: PostedRecv, peer: int) -> Awaitable[Header]:
+        """Await what this returns to wait for a receive started with
+        :meth:`start_recv` (from group rank ``peer``; noted when it was posted).
+        On the call's deadline it fails with an OperationTimeoutError naming
+        every peer the call still waits on."""
+        self._awaiting, self._withdraw = recv.future, partial(self._host.cancel_recv, recv)
+        return recv.future
 
     async def run(self, algorithm: Awaitable[T], *, relay: bool = True) -> T:
         """Run the call's algorithm; if it fails or is cancelled here, fail the
@@ -170,6 +170,7 @@ class Channel(Operation):
             raise
         finally:
             self.closed = True
+            self._deadlines.open.pop(self, None)
             if self._on_close is not None:
                 self._on_close(self.seq)
         # A part that only sends can finish after its call failed here (an
@@ -200,10 +201,10 @@ class Channel(Operation):
         self._host.cancel_recv(recv)
         self.settled(recv.future)
 
-    async def send(self, buf: HostBuffer, peer: int) -> None:
-        """Send ``buf`` to group rank ``peer``."""
-        await self.wait_send(self.start_send(buf, peer), peer)
+    def send(self, buf: HostBuffer, peer: int) -> Awaitable[None]:
+        """Send ``buf`` to group rank ``peer``: await what this returns."""
+        return self.wait_send(self.start_send(buf, peer), peer)
 
-    async def recv(self, buf: HostBuffer, peer: int) -> Header:
-        """Receive into ``buf`` from group rank ``peer``."""
-        return await self.wait_recv(self.start_recv(buf, peer), peer)
+    def recv(self, buf: HostBuffer, peer: int) -> Awaitable[Header]:
+        """Receive into ``buf`` from group rank ``peer``: await what this returns."""
+        return self.wait_recv(self.start_recv(buf, peer), peer)

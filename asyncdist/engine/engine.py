@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Mapping
 
 from .abort import abort_frame, error_from_abort
 from .connecting import wait_for_peers
+from .deadlines import Deadlines
 from .faults import Faults
 from ..flight import Flight
 from ..buffers.host import HostBuffer
@@ -102,6 +103,7 @@ class Engine:
         self.farewell_signal = 0
         self.address: tuple[str, int] | None = None
         self.flight = Flight(me, self._connections)  #: recorder, dumps, counters, hang questions
+        self.deadlines = Deadlines()  #: the one timer of this rank's operations
         self._ring_bytes = shm_ring_bytes(me.world_size)  # of each peer's shared-memory ring (0: no rings)
         self._rings: ShmPoller | None = None  # polls them (from listen())
 
@@ -218,7 +220,7 @@ class Engine:
         if self.faults.excluded is not None:
             raise self.faults.excluded
         assert self._loop is not None
-        recv = PostedRecv(ctx, src, tag, buf, self._loop.create_future(), sources, op, fold)
+        recv = PostedRecv(ctx, src, tag, buf, asyncio.Future(loop=self._loop), sources, op, fold)
         self._mailbox.post(recv, self._losses.fatal_for(recv))
         if self._rings is not None:
             self._rings.activity()  # its message may come through a ring: look for a while
@@ -247,6 +249,8 @@ class Engine:
 
     def take_queued(self, ctx: int, tag: int) -> list[Header]:
         """Remove and return the headers of the unexpected messages of call (ctx, tag)."""
+        if not self._mailbox.unexpected:
+            return []
         return self._mailbox.take_queued(ctx, tag)
 
     def call_error(self, ctx: int, tag: int) -> AsyncDistError | None:
@@ -277,6 +281,8 @@ class Engine:
 
     def take_stale(self, ctx: int, below_tag: int) -> Header | None:
         """Consume an unmatched message of ``ctx`` tagged below ``below_tag``; its header, or None."""
+        if not self._mailbox.unexpected:
+            return None
         return self._mailbox.take_stale(ctx, below_tag)
 
     def by_memory(self, rank: int, *, sending: bool) -> bool:
@@ -373,6 +379,7 @@ class Engine:
         # must not be what this rank's own receives report.
         self._mailbox.fail_all(ClosedError(f"rank {self.rank}: the process group was destroyed"))
         await self._heartbeat.stop()
+        self.deadlines.stop()
         if self._rings is not None:
             self._rings.stop()
         bye = control.encode_control(control.Bye(self.rank, self.farewell_signal))

@@ -103,6 +103,9 @@ class Mailbox:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self._matcher = Matcher()
+        #: The unexpected messages (the matcher's, by (ctx, src, tag)): empty in the
+        #: common case, which the engine tests before asking for any of them.
+        self.unexpected = self._matcher.unexpected
         self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
         self._screens: dict[int, Callable[[Header], bool]] = {}
         self._revoked: dict[int, AsyncDistError] = {}  # context -> why every receive of it fails

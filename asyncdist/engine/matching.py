@@ -95,14 +95,19 @@ def _remove(table: dict[_Key, deque[PostedRecv]], key: _Key, recv: PostedRecv) -
 
 
 class Matcher:
-    """The posted and unexpected queues of one rank."""
+    """The posted and unexpected queues of one rank.
 
-    __slots__ = ("_posted", "_posted_any", "_unexpected", "_unexpected_by_ctx_tag", "_counter")
+    Attributes:
+        unexpected: the unexpected messages by (ctx, src, tag), each key's
+            in arrival order; read only (empty: nothing is unexpected).
+    """
+
+    __slots__ = ("_posted", "_posted_any", "unexpected", "_unexpected_by_ctx_tag", "_counter")
 
     def __init__(self) -> None:
         self._posted: dict[tuple[int, int, int], deque[PostedRecv]] = {}
         self._posted_any: dict[tuple[int, int], deque[PostedRecv]] = {}
-        self._unexpected: dict[tuple[int, int, int], deque[Inbound]] = {}
+        self.unexpected: dict[tuple[int, int, int], deque[Inbound]] = {}
         # (ctx, tag) -> sources with queued unexpected messages, for src=None.
         self._unexpected_by_ctx_tag: dict[tuple[int, int], set[int]] = {}
         self._counter = itertools.count()
@@ -116,7 +121,7 @@ class Matcher:
         sources = self._unexpected_by_ctx_tag.get((ctx, tag))
         if not sources:
             return None
-        earliest = min(sources, key=lambda s: self._unexpected[(ctx, s, tag)][0].order)
+        earliest = min(sources, key=lambda s: self.unexpected[(ctx, s, tag)][0].order)
         return self._pop_unexpected((ctx, earliest, tag))
 
     def post(self, recv: PostedRecv) -> None:
@@ -157,16 +162,16 @@ class Matcher:
         """Queue a message that matched no posted receive."""
         header = inbound.header
         inbound.order = next(self._counter)
-        self._unexpected.setdefault((header.ctx, header.src, header.tag), deque()).append(inbound)
+        self.unexpected.setdefault((header.ctx, header.src, header.tag), deque()).append(inbound)
         self._unexpected_by_ctx_tag.setdefault((header.ctx, header.tag), set()).add(header.src)
 
     def _pop_unexpected(self, key: tuple[int, int, int]) -> Inbound | None:
-        queue = self._unexpected.get(key)
+        queue = self.unexpected.get(key)
         if not queue:
             return None
         inbound = queue.popleft()
         if not queue:
-            del self._unexpected[key]
+            del self.unexpected[key]
             ctx, src, tag = key
             sources = self._unexpected_by_ctx_tag[(ctx, tag)]
             sources.discard(src)
@@ -190,7 +195,7 @@ class Matcher:
     def take_stale(self, ctx: int, below_tag: int) -> Inbound | None:
         """Remove and return an unexpected message in ``ctx`` whose tag is below
         ``below_tag`` (a collective call that no receive of this rank expected)."""
-        for key in self._unexpected:
+        for key in self.unexpected:
             if key[0] == ctx and key[2] < below_tag:
                 return self._pop_unexpected(key)
         return None
@@ -257,7 +262,7 @@ class Matcher:
     def pending_counts(self) -> tuple[int, int]:
         """(posted receives, unexpected messages), for leak checks and debugging."""
         posted = sum(len(q) for q in self._posted.values()) + sum(len(q) for q in self._posted_any.values())
-        return posted, sum(len(q) for q in self._unexpected.values())
+        return posted, sum(len(q) for q in self.unexpected.values())
 
 
 def misfit(header: Header, recv: PostedRecv, receiver: int) -> AsyncDistError | None:

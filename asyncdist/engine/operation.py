@@ -8,9 +8,9 @@ Operation. It holds everything the call is and everything said about it:
 * what it is: its :class:`~asyncdist.flight.descriptions.Description` (op,
   root, reduce op, dtype, shape; a message's peer and tag), made by the
   group layer, never parsed back from a string;
-* its deadline and its hang warning, on the one timer of every wait
-  (:func:`arm_deadline`: a collective's receives and sends, a blocking or
-  an ``i*`` message);
+* its deadline and its hang warning, on the rank's one timer of every
+  operation (:mod:`~asyncdist.engine.deadlines`): at the deadline, what it
+  awaits then fails with its timeout error;
 * its progress: the futures it still waits on, by peer, so that a timeout
   (its own, or a ``Work.wait``'s) can say whom it waits for
   (:meth:`Operation.awaited`; it is a :class:`~asyncdist.engine.progress.Step`);
@@ -28,7 +28,8 @@ snapshots, see :mod:`asyncdist.engine.progress`).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Protocol, Sequence
+import math
+from typing import Any, Callable, Protocol, Sequence
 
 from ..buffers.host import HostBuffer
 from ..errors import CollectiveMismatchError, OperationTimeoutError, PeerLostError
@@ -37,9 +38,12 @@ from ..flight.descriptions import Description
 from ..flight.record_ring import CLOCK
 from .progress import Awaited, timeout_message
 from ..wire.frames import Header, Kind
+from .deadlines import Deadlines
 
 __all__ = ["Operation", "OperationHost", "arm_deadline", "open_message", "wait_until"]
 
+# Seconds after which an operation whose deadline passed between two of its waits is asked again.
+_NOTHING_AWAITED_RETRY = 0.001
 # The failures that dump the flight recorder (ASYNCDIST_TRACE_DIR), and how the dump's reason names them.
 _DUMPED: dict[type, str] = {
     CollectiveMismatchError: "collective mismatch", PeerLostError: "lost peer", OperationTimeoutError: "operation timeout",
@@ -54,8 +58,9 @@ def arm_deadline(
     warn: tuple[float, Callable[[], Any]] | None = None,
 ) -> Callable[[], None]:
     """Fail ``future`` with ``timeout_error()`` at ``deadline`` (loop time) if it
-    is not done; return what disarms it. Every deadline of an operation is
-    armed here.
+    is not done; return what disarms it. For the waits that are not an
+    Operation's (an agreement's, a device poll's); an Operation's waits share
+    the rank's one timer (:mod:`~asyncdist.engine.deadlines`).
 
     The error is made before ``withdraw`` (e.g. un-posting a receive) runs, so
     that it can report what was still pending. ``warn``: (loop time, callback)
@@ -112,6 +117,7 @@ class OperationHost(Protocol):
 
     rank: int
     flight: Flight
+    deadlines: Deadlines
 
     def send(self, dst: int, header: Header, payload: memoryview | None) -> asyncio.Future | None: ...
 
@@ -132,6 +138,8 @@ class Operation:
         peers: the global ranks it depends on, for its record.
         record: whether the flight recorder records it.
         started: its messages flow at once (a message; a collective starts in ``run``).
+        timed: whether the rank's timer watches its deadline (a device
+            operation's waits arm their own, :func:`arm_deadline`).
 
     Attributes:
         deadline: when it fails with OperationTimeoutError (loop time).
@@ -139,7 +147,7 @@ class Operation:
     """
 
     __slots__ = (
-        "_engine", "_ring", "_handle", "_receiving", "_sending", "_warn_at",
+        "_engine", "_ring", "_handle", "_receiving", "_sending", "_warn_at", "_deadlines", "_awaiting", "_withdraw",
         "kind", "ctx", "seq", "description", "group_name", "members", "timeout", "deadline", "closed",
     )  # fmt: skip
 
@@ -157,6 +165,7 @@ class Operation:
         *,
         record: bool = True,
         started: bool = False,
+        timed: bool = True,
     ) -> None:
         self._engine = engine
         self.kind = kind
@@ -172,9 +181,18 @@ class Operation:
         flight = engine.flight
         hang_warn = flight.hang_warn
         self._warn_at = posted + hang_warn if hang_warn else None
-        # What it still waits on, by future: the group ranks it receives from, or sends to.
+        # What it waits on, by future: the group ranks it receives from, or sends to.
         self._receiving: dict[asyncio.Future, tuple[int, ...]] = {}
         self._sending: dict[asyncio.Future, tuple[int, ...]] = {}
+        # What it awaits now, which its deadline fails, and what takes it back then.
+        self._awaiting: asyncio.Future | None = None
+        self._withdraw: Callable[[], Any] | None = None
+        self._deadlines = deadlines = engine.deadlines
+        if timed:
+            deadlines.open[self] = None
+            first = self.deadline if self._warn_at is None else self._warn_at
+            if first < deadlines.next_at:
+                deadlines.arm(first)
         self._ring = ring = flight.recorder.ring
         nbytes = -1 if description.nbytes is None else description.nbytes
         self._handle = (
@@ -208,38 +226,55 @@ class Operation:
         self._receiving.pop(future, None)
         self._sending.pop(future, None)
 
-    # -- the deadline and the hang warning: every wait's one timer --------------------
+    # -- the deadline and the hang warning, on the rank's one timer -----------------------
 
-    def arm(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> Callable[[], None]:
-        """Fail ``future`` with this operation's timeout error at its deadline, unless
-        it is done by then, as :func:`arm_deadline` arms it, with the hang
-        warning (``ASYNCDIST_HANG_WARN``) on the same timer; return what disarms it."""
-        return arm_deadline(future, self.deadline, self.timeout_error, withdraw, self._warning())
+    def awaiting(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> asyncio.Future:
+        """``future`` is what it awaits now; returns it, to be awaited.
 
-    def wait(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> Awaitable[Any]:
-        """``await future`` until the deadline (see :func:`wait_until`): await what this returns.
-
-        Raises:
-            OperationTimeoutError: the deadline passed (naming every peer it waits on).
+        At the deadline, unless it is done by then, ``withdraw`` runs (e.g.
+        un-posting a receive, after the error has been worded, so that it can
+        say what was still pending) and ``future`` fails with
+        :meth:`timeout_error`, naming every peer it waits on. The hang warning
+        (``ASYNCDIST_HANG_WARN``) comes from the same timer.
         """
-        return wait_until(future, self.deadline, self.timeout_error, withdraw, self._warning())
-
-    def _warning(self) -> tuple[float, Callable[[], Any]] | None:
-        return None if self._warn_at is None else (self._warn_at, self._hang)
+        self._awaiting, self._withdraw = future, withdraw
+        return future
 
     def watch(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> None:
-        """Arm the deadline on a future nobody awaits here (an ``isend``'s or
-        ``irecv``'s Work): disarmed when it is done; ``withdraw`` runs if it is cancelled."""
+        """:meth:`awaiting` for a future nobody awaits here (an ``isend``'s or
+        ``irecv``'s Work); ``withdraw`` also runs if it is cancelled."""
         if future.done():
             return
-        disarm = self.arm(future, withdraw)
+        self.awaiting(future, withdraw)
+        if withdraw is not None:
 
-        def settle(done: asyncio.Future) -> None:
-            disarm()
-            if done.cancelled() and withdraw is not None:  # a cancelled irecv must not take a later message
-                withdraw()
+            def settle(done: asyncio.Future) -> None:
+                if done.cancelled():  # a cancelled irecv must not take a later message
+                    withdraw()
 
-        future.add_done_callback(settle)
+            future.add_done_callback(settle)
+
+    def due(self, now: float) -> float:
+        """The rank's timer asks (:class:`~asyncdist.engine.deadlines.Timed`): warn
+        or expire if its time has come by ``now``; the next time it needs the
+        timer (inf: none, it has closed or expired)."""
+        if self.closed:
+            return math.inf
+        warn_at = self._warn_at
+        if warn_at is not None:
+            if warn_at > now:
+                return warn_at
+            self._hang()
+        if self.deadline > now:
+            return self.deadline
+        future = self._awaiting
+        if future is None or future.done():
+            return now + _NOTHING_AWAITED_RETRY  # between two waits: expire at the next one
+        error = self.timeout_error()
+        if self._withdraw is not None:
+            self._withdraw()
+        future.set_exception(error)
+        return math.inf
 
     def timeout_error(self) -> OperationTimeoutError:
         """Its deadline passed: name it and every peer it still waits on."""
@@ -271,9 +306,14 @@ class Operation:
                         shape=buf.shape, nbytes=buf.nbytes)  # fmt: skip
         return self._engine.send(peer, header, buf.view)
 
+    def expect(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
+        """``future`` waits on group ranks ``peers`` (sending to them, or receiving
+        from them): what :meth:`awaited` reports while it is pending."""
+        (self._sending if sending else self._receiving)[future] = peers
+
     def follow(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
-        """A message's one future, waiting on group ranks ``peers``: its record
-        ends when the future is done."""
+        """A message's one future that nobody awaits here (an ``i*`` call's), as
+        :meth:`expect`: its record ends when the future is done."""
         (self._sending if sending else self._receiving)[future] = peers
         future.add_done_callback(self._followed)
 
@@ -288,6 +328,7 @@ class Operation:
         (``ASYNCDIST_TRACE_DIR``).
         """
         self.closed = True
+        self._deadlines.open.pop(self, None)
         handle = self._handle
         if handle is None:
             return False

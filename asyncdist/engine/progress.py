@@ -178,6 +178,11 @@ class Progress:
 _CURRENT: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("asyncdist_progress", default=None)
 
 
+#: The Progress of the Work this code runs for, if any: ``progress = CURRENT.get()``
+#: (a step made on the hot path registers inline, without calling :func:`register`).
+CURRENT = _CURRENT
+
+
 def register(step: Step) -> None:
     """Add ``step`` to the Progress of the Work this code runs for, if any (loop thread)."""
     progress = _CURRENT.get()

@@ -169,23 +169,34 @@ class Calls:
                 elsewhere because the ranks disagreed about it.
             GroupRevokedError: the group was revoked.
         """
-        self.members.check_member()
-        if self.engine.faults.refusing:  # an attribute test per call; the lookup only after a revoke
-            revoked = self.engine.faults.revoked(self.collective_context)
+        if self.members.rank < 0:
+            self.members.check_member()
+        engine = self.engine
+        if engine.faults.refusing:  # an attribute test per call; the lookup only after a revoke
+            revoked = engine.faults.revoked(self.collective_context)
             if revoked is not None:
                 raise revoked
         # A message of a call that this rank has closed, and that no receive
         # took, means the ranks disagreed about that call. Calls still open
         # here (numbered, not finished) may legitimately have early messages.
-        stale = self.engine.take_stale(self.collective_context, min(self._open, default=self._last + 1))
-        seq = self._next()
+        stale = engine.take_stale(self.collective_context, min(self._open, default=self._last + 1))
+        reserved = _RESERVED.get()
+        if reserved is not None and reserved[0] is self and reserved[1]:
+            seq = reserved[1].pop(0)
+        else:
+            seq = self._last = self._last + 1
+            self._open.add(seq)
         description = op if isinstance(op, Description) else describe(op)
         text = description.text
         self._described[seq] = text
-        while len(self._described) > _REMEMBERED_CALLS:
+        if len(self._described) > _REMEMBERED_CALLS:
             self._described.popitem(last=False)
         channel = self._channel(seq, description, on_close=self._open.discard, record=True)  # in the flight recorder
-        error = self._take_late() or self._stale_error(stale) or self._disagreement(seq, text)
+        error = None
+        if self._late is not None or stale is not None:
+            error = self._take_late() or self._stale_error(stale)
+        if error is None and (queued := engine.take_queued(self.announcement_context, seq)):
+            error = self._disagreement(seq, text, queued)
         if error is not None:
             channel.fail(error)  # the other members of this call learn of it now
             self._open.discard(seq)
@@ -219,9 +230,10 @@ class Calls:
             f"group {self.members.name!r}) that no call of this rank expected; the ranks disagreed about that call"
         )
 
-    def _disagreement(self, seq: int, op: str) -> CollectiveMismatchError | None:
-        """The first announcement of call ``seq`` that arrived before it opened here and differs from ``op``."""
-        for header in self.engine.take_queued(self.announcement_context, seq):
+    def _disagreement(self, seq: int, op: str, queued: list[Header]) -> CollectiveMismatchError | None:
+        """The first of the announcements of call ``seq`` that arrived before it
+        opened here (``queued``) that differs from ``op``."""
+        for header in queued:
             theirs = Announcement.of(header)
             if theirs.description != op:
                 return self._mismatch(seq, op, theirs)
@@ -293,14 +305,6 @@ class Calls:
         it runs, has not started or has finished here."""
         self._channel(seq, _DEVICE_OPERATION).fail(error)
         self._open.discard(seq)
-
-    def _next(self) -> int:
-        reserved = _RESERVED.get()
-        if reserved is not None and reserved[0] is self and reserved[1]:
-            return reserved[1].pop(0)
-        self._last += 1
-        self._open.add(self._last)
-        return self._last
 
     def device_operation(self, op: str, what: str) -> Operation:
         """Open a device operation (the copies of staging, an NCCL call): its waits

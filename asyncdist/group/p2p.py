@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from functools import partial
 from typing import Any, Callable, Sequence
 
 from ..buffers.host import as_host_buffer
@@ -62,42 +63,60 @@ class PointToPoint:
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to group rank ``dst``; see ProcessGroup.isend."""
         operation, future = self._start_send(tensor, dst, tag)
-        operation.watch(future)
-        return self._work(future, operation, tensor)
+        sent = future or completed_future(asyncio.get_running_loop())  # recorded either way
+        operation.follow(sent, (dst,), sending=True)
+        operation.watch(sent)
+        return self._work(sent, operation, tensor)
 
     async def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to group rank ``dst``; see ProcessGroup.send."""
         operation, future = self._start_send(tensor, dst, tag)
-        await operation.wait(future)
+        if future is not None:
+            operation.expect(future, (dst,), sending=True)
+            try:
+                await operation.awaiting(future)
+            except BaseException as error:
+                operation.close(error, dump=False)
+                raise
+        operation.close()
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; see ProcessGroup.irecv."""
-        operation, recv = self._start_recv(tensor, src, tag)
+        operation, recv, sources = self._start_recv(tensor, src, tag)
+        operation.follow(recv.future, sources, sending=False)
         future = _chain(recv.future, lambda header: self._members.group_rank(header.src))
-        operation.watch(future, lambda: self._engine.cancel_recv(recv))
+        operation.watch(future, partial(self._engine.cancel_recv, recv))
         return self._work(future, operation, tensor)
 
     async def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
         """Receive into ``tensor``; see ProcessGroup.recv."""
-        operation, recv = self._start_recv(tensor, src, tag)
-        header = await operation.wait(recv.future, lambda: self._engine.cancel_recv(recv))
+        operation, recv, sources = self._start_recv(tensor, src, tag)
+        withdraw = partial(self._engine.cancel_recv, recv)
+        operation.expect(recv.future, sources, sending=False)
+        try:
+            header = await operation.awaiting(recv.future, withdraw)
+        except BaseException as error:
+            if isinstance(error, asyncio.CancelledError):
+                withdraw()  # a cancelled recv must not take a later message
+            operation.close(error, dump=False)
+            raise
+        operation.close()
         return self._members.group_rank(header.src)
 
-    def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[Operation, asyncio.Future]:
+    def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[Operation, asyncio.Future | None]:
+        """Open the message and send it: its future, None if it is in the kernel already."""
         peer = self._members.peer(dst, "dst")
         check_tag(tag)
         buf = as_host_buffer(tensor)
         operation = self._message(describe_message("send", dst, tag, self._members.name, buf.nbytes), (dst,))
         try:
-            future = self._send_in_order(dst, lambda: operation.send_payload(peer, tag, buf))
+            return operation, self._send_in_order(dst, lambda: operation.send_payload(peer, tag, buf))
         except BaseException as error:
             operation.close(error, dump=False)
             raise
-        sent = future or completed_future(asyncio.get_running_loop())  # recorded either way
-        operation.follow(sent, (dst,), sending=True)
-        return operation, sent
 
-    def _start_recv(self, tensor: Any, src: int | None, tag: int) -> tuple[Operation, PostedRecv]:
+    def _start_recv(self, tensor: Any, src: int | None, tag: int) -> tuple[Operation, PostedRecv, tuple[int, ...]]:
+        """Post the receive and open the message: also the group ranks it waits on."""
         if src is None:
             self._members.check_member()
             peer = None
@@ -108,8 +127,7 @@ class PointToPoint:
         recv = self._engine.post_recv(self._calls.p2p_context, peer, tag, buf, self._members.others)
         sources = self._members.sources(src)
         operation = self._message(describe_message("recv", src, tag, self._members.name, buf.nbytes), sources)
-        operation.follow(recv.future, tuple(sources), sending=False)
-        return operation, recv
+        return operation, recv, sources
 
     def _work(self, future: asyncio.Future, operation: Operation, tensor: Any) -> Work:
         """The Work of a message started with an ``i*`` call: a timed-out ``wait``

@@ -112,6 +112,8 @@ def prepare(op: Any, buf: HostBuffer) -> None:
         op: an op that passed :func:`check_op` for ``buf.dtype``.
         buf: writable; overwritten in place.
     """
+    if type(op) is RedOpType:  # a plain operator: only a PREMUL_SUM instance has a factor
+        return
     kind, factor = _resolve(op)
     if kind is not RedOpType.PREMUL_SUM or buf.nbytes == 0:
         return
@@ -140,7 +142,7 @@ def combine(op: Any, acc: HostBuffer, other: HostBuffer) -> None:
         f"combine of {acc.dtype} ({acc.nbytes} bytes) with {other.dtype} ({other.nbytes} bytes)"
     )
     assert not acc.view.readonly, "combine needs a writable accumulator"
-    kind = op_type(op)
+    kind = op if type(op) is RedOpType else _resolve(op)[0]
     if acc.nbytes == 0:
         return
     a = numpy_view(acc, flat=True)
@@ -148,6 +150,11 @@ def combine(op: Any, acc: HostBuffer, other: HostBuffer) -> None:
         with np.errstate(all="ignore"):
             _UFUNCS[kind](a, numpy_view(other, flat=True), out=a)
         return
+    _torch_combine(kind, acc, other)
+
+
+def _torch_combine(kind: RedOpType, acc: HostBuffer, other: HostBuffer) -> None:
+    """:func:`combine` for the dtypes NumPy lacks."""
     torch = torch_or_none()
     assert torch is not None
     if kind is RedOpType.PRODUCT:
@@ -170,11 +177,23 @@ def folder(op: Any, acc: HostBuffer) -> Callable[[np.ndarray, int], None]:
     never written anywhere else first (see :class:`~asyncdist.engine.matching.PostedRecv`).
     """
     itemsize = ITEMSIZES[acc.dtype]
+    kind = op if type(op) is RedOpType else _resolve(op)[0]
+    whole = numpy_view(acc, flat=True)
+    if whole is None:  # a dtype NumPy lacks: through torch, piece by piece
+
+        def fold_through_torch(piece: np.ndarray, offset: int) -> None:
+            assert offset % itemsize == 0 and piece.nbytes % itemsize == 0, "a piece of whole elements"
+            start, count = offset // itemsize, piece.nbytes // itemsize
+            _torch_combine(kind, acc.elements(start, start + count), HostBuffer(piece.data, acc.dtype, (count,)))
+
+        return fold_through_torch
+    ufunc, dtype = _UFUNCS[kind], whole.dtype
 
     def fold(piece: np.ndarray, offset: int) -> None:
         assert offset % itemsize == 0 and piece.nbytes % itemsize == 0, "a piece of whole elements"
-        start, count = offset // itemsize, piece.nbytes // itemsize
-        combine(op, acc.elements(start, start + count), HostBuffer(piece.data, acc.dtype, (count,)))
+        part = whole[offset // itemsize : (offset + piece.nbytes) // itemsize]
+        with np.errstate(all="ignore"):
+            ufunc(part, piece.view(dtype), out=part)
 
     return fold
 
@@ -189,7 +208,7 @@ def finish(op: Any, acc: HostBuffer, world_size: int) -> None:
         acc: the reduced buffer, writable.
         world_size: the number of contributions summed into ``acc`` (>= 1).
     """
-    if op_type(op) is not RedOpType.AVG or acc.nbytes == 0:
+    if (op if type(op) is RedOpType else _resolve(op)[0]) is not RedOpType.AVG or acc.nbytes == 0:
         return
     assert world_size >= 1 and not acc.view.readonly
     a = numpy_view(acc, flat=True)

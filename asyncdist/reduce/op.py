@@ -205,7 +205,7 @@ def op_type(op: Any) -> RedOpType:
     Raises:
         InvalidArgumentError: ``op`` is none of these (plain ints included).
     """
-    return _resolve(op)[0]
+    return op if type(op) is RedOpType else _resolve(op)[0]
 
 
 def op_name(op: Any) -> str:
@@ -215,6 +215,8 @@ def op_name(op: Any) -> str:
         >>> op_name(ReduceOp.SUM), op_name(make_premul_sum(0.25))
         ('sum', 'premul_sum(0.25)')
     """
+    if type(op) is RedOpType:
+        return _LOWER_NAMES[op]
     kind, factor = _resolve(op)
     name = _LOWER_NAMES[kind]
     return name if factor is None else f"{name}({factor!r})"
@@ -224,7 +226,10 @@ _LOWER_NAMES = {kind: kind.name.lower() for kind in RedOpType}  # enum's .name i
 
 
 def _resolve(op: Any) -> tuple[RedOpType, Factor | None]:
-    """``op`` as (operator, PREMUL_SUM factor or None); the kernels read ops through it too."""
+    """``op`` as (operator, PREMUL_SUM factor or None); the kernels read ops through it too.
+
+    Callers test for a plain :class:`RedOpType` first (``ReduceOp.SUM``, the
+    common case), which is its own operator, without a call."""
     if type(op) is RedOpType:
         return op, None
     if isinstance(op, ReduceOp):
@@ -298,7 +303,7 @@ def check_op(op: Any, dtype: str) -> None:
             bool dtype"; also for a PREMUL_SUM without a factor, a complex
             factor on a real dtype, and a torch-only dtype without torch.
     """
-    kind, factor = _resolve(op)
+    kind, factor = (op, None) if type(op) is RedOpType else _resolve(op)
     dtype_kind = _KINDS.get(dtype)
     allowed, why = _RULES[kind]
     if dtype_kind is None:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from asyncdist.buffers.host import as_host_buffer
+from asyncdist.engine.deadlines import Deadlines
 from asyncdist.engine.operation import Operation, open_message
 from asyncdist.engine.progress import Awaited
 from asyncdist.errors import OperationTimeoutError
@@ -31,6 +32,7 @@ class FakeEngine:
         self.rank = 3
         self.flight = Flight(Identity("job", 3, 6, b"secret"), {})
         self.flight.hang_warn = hang_warn
+        self.deadlines = Deadlines()
         self.sent: list[tuple[int, Header, bytes]] = []
         self.warnings: list[tuple[Any, ...]] = []
         self.warned = asyncio.Event()
@@ -87,10 +89,10 @@ async def test_the_deadline_fails_the_wait_naming_the_call_and_its_peers() -> No
     description = describe("all_reduce", reduce="sum", dtype="float32", shape=(4,))
     operation = Operation(engine, "collective", 2, 9, description, "world", MEMBERS, 0.05, MEMBERS)
     future = asyncio.get_running_loop().create_future()
-    operation._receiving[future] = (0, 2)
+    operation.expect(future, (0, 2), sending=False)
     withdrawn: list[bool] = []
     with pytest.raises(OperationTimeoutError) as caught:
-        await operation.wait(future, lambda: withdrawn.append(True))
+        await operation.awaiting(future, lambda: withdrawn.append(True))
     assert str(caught.value) == (
         "rank 3: all_reduce(sum, float32[4]) (call #9 in group 'world') Timed out after 0.05 s; "
         "still waiting for ranks [0, 2] (global [5, 0])"
@@ -105,15 +107,46 @@ async def test_the_hang_warning_comes_once_before_the_deadline() -> None:
     description = describe("broadcast", root=0, dtype="uint8", shape=(1,))
     operation = Operation(engine, "collective", 2, 4, description, "world", MEMBERS, 5.0, MEMBERS)
     future = asyncio.get_running_loop().create_future()
-    operation._receiving[future] = (0,)
-    disarm = operation.arm(future)
-    await engine.warned.wait()  # set by the warning's own timer
+    operation.expect(future, (0,), sending=False)
+    operation.awaiting(future)
+    await engine.warned.wait()  # set by the rank's one timer
     ctx, seq, described, group, members, awaited, _since = engine.warnings[0]
     assert (ctx, seq, described, group, members, awaited) == (2, 4, description, "world", [5, 0], [5])
+    assert engine.deadlines.next_at == operation.deadline  # armed again, for the deadline
     future.set_result(None)
-    disarm()
     assert not future.cancelled() and len(engine.warnings) == 1
     assert operation.close() and _entries(engine)[0]["state"] == "completed"
+    assert operation not in engine.deadlines.open
+
+
+async def test_one_timer_serves_every_operation_and_fires_for_the_earliest() -> None:
+    engine = FakeEngine()
+    description = describe("barrier")
+    slow = Operation(engine, "collective", 2, 1, description, "world", MEMBERS, 30.0, MEMBERS)
+    armed_at = engine.deadlines.next_at
+    assert armed_at == slow.deadline
+    for seq in range(2, 50):  # later operations with the same timeout leave the timer alone
+        Operation(engine, "collective", 2, seq, description, "world", MEMBERS, 30.0, MEMBERS).close()
+    assert engine.deadlines.next_at == armed_at and list(engine.deadlines.open) == [slow]
+    fast = Operation(engine, "collective", 2, 50, description, "world", MEMBERS, 0.02, MEMBERS)
+    assert engine.deadlines.next_at == fast.deadline  # sooner: the timer is armed again
+    future = asyncio.get_running_loop().create_future()
+    fast.expect(future, (1,), sending=False)
+    with pytest.raises(OperationTimeoutError, match="call #50"):
+        await fast.awaiting(future)
+    assert list(engine.deadlines.open) == [slow] and engine.deadlines.next_at == slow.deadline
+    assert slow.close() and not engine.deadlines.open
+
+
+async def test_the_deadline_waits_for_the_next_wait_when_nothing_is_awaited() -> None:
+    engine = FakeEngine()
+    operation = Operation(engine, "collective", 2, 3, describe("barrier"), "world", MEMBERS, 0.01, MEMBERS)
+    await asyncio.sleep(0.02)  # the deadline passes while the operation awaits nothing of its own
+    assert operation in engine.deadlines.open
+    future = asyncio.get_running_loop().create_future()
+    operation.expect(future, (0,), sending=False)
+    with pytest.raises(OperationTimeoutError, match="call #3"):
+        await operation.awaiting(future)
 
 
 async def test_a_watched_future_that_is_cancelled_withdraws_what_it_posted() -> None:

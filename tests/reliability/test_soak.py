@@ -185,7 +185,7 @@ async def _soak(n_ops: int, seed: int) -> dict:
         figures["tasks_end"] = len(asyncio.all_tasks())
         for w in world:  # nothing left waiting or unclaimed in any rank's matching
             matcher = w.engine._mailbox._matcher
-            assert not (matcher._posted or matcher._posted_any or matcher._unexpected), w
+            assert not (matcher._posted or matcher._posted_any or matcher.unexpected), w
     figures["tasks_after"], figures["fds_after"] = len(asyncio.all_tasks()), _open_fds()
     figures["tasks_before"], figures["fds_before"] = tasks_before, fds_before
     figures["ops"] = sum(len(b) for b in rounds)
