@@ -273,7 +273,9 @@ def markdown_tables(rows: list[Row], series: list[Series], floor: Floor | None =
         present = [s for s in series if any(s in cells for cells in sizes.values())]
         columns = _markdown_columns(present, floor)
         n = _any(next(iter(sizes.values()))).world_size
-        lines += [f"{'#' * level} {op}, {n} ranks", "", CASES[op].note, ""]
+        # the note less its busbw clause: these tables show no bandwidth
+        note = "; ".join(part for part in CASES[op].note.split("; ") if not part.startswith("busbw"))
+        lines += [f"{'#' * level} {op}, {n} ranks", ""] + ([note, ""] if note else [])
         body = [[cell(c) for _, cell in columns] for c in sizes.values()]
         lines += _markdown_table([name for name, _ in columns], body)
         lines.append("")
