@@ -133,3 +133,23 @@ def test_report_refuses_the_flags_that_write_elsewhere(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as exit_info:
         main(["--report", str(tmp_path / "page.md"), "--json"], prog="asyncdist-bench")
     assert exit_info.value.code == 2 and "--report writes the page alone" in capsys.readouterr().err
+
+
+def test_the_page_shows_large_rows_as_multiples_of_the_least_time() -> None:
+    from asyncdist.bench import document
+
+    def sweep(n: int) -> document.Sweep:
+        rows = [Row("all_reduce", 64 << 20, 16 << 20, "float32", s, n, t, None, None, 1, (t,))
+                for s, t in ((AWAIT, 30000.0), (GLOO, 90000.0))]
+        return document.Sweep(n, [AWAIT, GLOO], rows, ["# the method"])
+
+    env = {"asyncdist": "0", "python": "3", "torch": "-", "numpy": "2", "loop": "asyncio", "platform": "p", "cpus": "2"}
+    facade = {"totals": [1], "median": {"asyncdist": 1, "asyncio": 0, "other": 0, "c_calls": 0}, "every": [], "some": [],
+              "tensor": "NumPy"}
+    page = document.render(document.Measured("cmd", "today", env, "default", Floor(10.0, 12.0, "asyncio"), 5.0,
+                                             [sweep(2), sweep(4)], {}, facade, {}, []))
+    # 2 ranks: each receives 64 MiB, one core each; 4 ranks: 4 x 96 MiB on 2 cores; at 5 GB/s
+    least2, least4 = (64 << 20) / 5e3, 4 * 1.5 * (64 << 20) / 2 / 5e3
+    assert f"| 2 | all_reduce | 64 MiB | {least2:,.0f} | {30000 / least2:.1f} | {90000 / least2:.1f} |" in page
+    assert f"| 4 | all_reduce | 64 MiB | {least4:,.0f} | {30000 / least4:.1f} | {90000 / least4:.1f} |" in page
+    assert "A smoke run" not in page and "Left out" not in page
