@@ -9,6 +9,9 @@ Run it as ``asyncdist-bench`` or ``python -m asyncdist.bench`` (see
 * :mod:`~asyncdist.bench.loops` — the timing loops inside the rank processes;
 * :mod:`~asyncdist.bench.runner` — rank processes per library; max over ranks, median over repetitions;
 * :mod:`~asyncdist.bench.report` and :mod:`~asyncdist.bench.plot` — tables, json, plot;
+* :mod:`~asyncdist.bench.floor` and :mod:`~asyncdist.bench.memcpy` — the machine's floors: one
+  wake-up of another process, and the copy bandwidth that bounds large rows;
+* :mod:`~asyncdist.bench.document` — the reference page, ``docs/benchmarks.md`` (``--report``);
 * :mod:`~asyncdist.bench.calls` and :mod:`~asyncdist.bench.call_counter` — Python calls per
   operation, counted (``--count-calls``);
 * :mod:`~asyncdist.bench.cli` — the command line.

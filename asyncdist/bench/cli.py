@@ -25,6 +25,15 @@ counted, and time per call, for all_reduce and broadcast at 1 MiB unless
 operation, await API and facade (:mod:`asyncdist.bench.calls`); ``--iters``
 sets the iterations per counted window.
 
+``--report FILE.md`` runs everything the reference page shows and writes it
+(:mod:`asyncdist.bench.document`): the floors, the sweep at 2 and at 4 ranks
+(``--api both --compare gloo,mpi``, whatever ``--world-size``, ``--api`` and
+``--compare`` say; a reference that is not installed is left out with a
+note in the page), the call counts and the plots. ``--quick`` and the
+sweep's flags (``--ops``, ``-b``, ``-e``, ...) apply as to a plain sweep.
+The sweeps are the plain sweep's own functions (:func:`_plan`,
+:func:`_series`, :func:`_run`), run once per world size.
+
 ``--ops ddp`` adds the DDP training-step row (:mod:`asyncdist.bench.ddp`),
 which is not in the default ``--ops``: it needs torch, and asyncdist runs it
 through its torch backend, a series of its own.
@@ -43,7 +52,7 @@ from typing import Any, Sequence
 
 from .. import settings
 from ..loop.thread import LOOP_ENV
-from . import floor, mpi, plot, report, scale
+from . import document, floor, mpi, plot, report, scale
 from .cases import CASES, jobs
 from .ddp import mlp_params, mlp_width
 from .plan import DTYPE_SIZES, SERIES, Plan, Series, format_bytes, parse_bytes, size_sweep
@@ -161,6 +170,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    "(python -m asyncdist.bench.calls; --iters sets the iterations, default 200)")
     p.add_argument("--stats", action="store_true",
                    help="print rank 0's counters per row: bytes and messages per peer, operations, time in them")
+    p.add_argument("--report", metavar="FILE.md",
+                   help="write the reference page (docs/benchmarks.md): floors, the sweep at 2 and 4 ranks "
+                   "against gloo and MPI, call counts, plots")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one library's whole sweep may take (default 1800)")
     return p
 
@@ -241,6 +253,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     prog = prog or os.path.basename(sys.argv[0]) or "asyncdist-bench"
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.report and (args.scale or args.count_calls or args.json or args.plot):
+        parser.error("--report writes the page alone: leave out --scale, --count-calls, --json and --plot")
     if args.scale:
         return _scale(args)
     if args.count_calls:
@@ -249,18 +263,19 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         from . import calls
 
         return calls.main(["--iters", str(args.iters)] if args.iters else [])
-    plan, sizes = _plan(args, parser)
-    series = _series(args)
     command = " ".join([prog, shlex.join(argv)]) if argv else prog
     env = report.environment(_loop_kind(args.loop))
+    if args.report:
+        return _report(args, parser, prog, command, env)
+    plan, sizes = _plan(args, parser)
+    series = _series(args)
     print("measuring the socket floor ...", file=sys.stderr, flush=True)
     the_floor = floor.measure()
-    sweep = f"{format_bytes(sizes[0])}..{format_bytes(sizes[-1])} x{_settings(args)['step_factor']}"
     text_out = args.json != "-"
     if text_out:
-        print("\n".join(report.header(command, env, plan, series, sweep, the_floor)), flush=True)
+        print("\n".join(report.header(command, env, plan, series, _sweep_text(args, sizes), the_floor)), flush=True)
 
-    rows = _run(series, plan, prog, timeout=args.timeout, env={LOOP_ENV: "asyncio"} if args.loop == "asyncio" else None)
+    rows = _run(series, plan, prog, timeout=args.timeout, env=_rank_env(args))
     if rows is None:
         return 1
     if text_out:
@@ -278,6 +293,36 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         plot.write_plot(rows, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def _sweep_text(args: argparse.Namespace, sizes: list[int]) -> str:
+    return f"{format_bytes(sizes[0])}..{format_bytes(sizes[-1])} x{_settings(args)['step_factor']}"
+
+
+def _rank_env(args: argparse.Namespace) -> dict[str, str] | None:
+    """Extra environment for asyncdist's ranks (``--loop asyncio``)."""
+    return {LOOP_ENV: "asyncio"} if args.loop == "asyncio" else None
+
+
+def _report(args: argparse.Namespace, parser: argparse.ArgumentParser, prog: str, command: str,
+            env: dict[str, str]) -> int:
+    """``--report``: the plain sweep at each of the page's world sizes, and the page."""
+    missing = {"gloo": None if importlib.util.find_spec("torch") else "torch is not installed "
+               "(pip install 'asyncdist[torch]')", "mpi": mpi.missing(args.dtype)}
+    notes = [f"the {SERIES[name].title} columns: {why}" for name, why in missing.items() if why]
+    compare = [name for name, why in missing.items() if not why]
+
+    def sweep(n: int) -> document.Sweep | None:
+        run = argparse.Namespace(**{**vars(args), "world_size": n, "api": "both", "compare": list(compare)})
+        plan, sizes = _plan(run, parser)
+        series = _series(run)
+        rows = _run(series, plan, prog, timeout=args.timeout, env=_rank_env(args))
+        if rows is None:
+            return None
+        return document.Sweep(n, series, rows, report.method(plan, series, _sweep_text(run, sizes)))
+
+    return document.write(args.report, command=command, env=env, preset="quick" if args.quick else "default",
+                          sweep=sweep, notes=notes)
 
 
 def _scale(args: argparse.Namespace) -> int:

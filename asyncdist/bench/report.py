@@ -8,6 +8,11 @@ busbw, and for small rows the time as a multiple of the socket floor,
 overhead over the await API (small sizes only, where it is not lost in data
 movement) and, for each reference library (gloo, MPI), the ratio
 ``its time / asyncdist's time`` (> 1: asyncdist is faster).
+
+:func:`markdown_tables` and :func:`markdown_summary` render the same rows
+and ratios as Markdown, for the reference page
+(:mod:`asyncdist.bench.document`): times, floors, overheads and ratios,
+no bandwidth (the page's plots carry it).
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from .plan import OVERHEAD_MAX_BYTES, SERIES, Plan, Series, format_bytes
 from .runner import Row
 
 __all__ = [
-    "OVERHEAD_MAX_BYTES", "FACADE_TARGET_US", "FLOOR_MAX_BYTES", "environment", "header", "tables", "summary",
-    "facade_overheads", "ratios", "to_json",
+    "OVERHEAD_MAX_BYTES", "FACADE_TARGET_US", "FLOOR_MAX_BYTES", "environment", "header", "method", "tables",
+    "summary", "markdown_tables", "markdown_summary", "facade_overheads", "ratios", "to_json",
 ]
 
 #: What the issue asks of the blocking facade: at most this much per call over the await API.
@@ -70,10 +75,17 @@ def environment(loop: str) -> dict[str, str]:
 def header(command: str, env: dict[str, str], plan: Plan, series: list[Series], sweep: str,
            floor: Floor | None = None) -> list[str]:
     """The lines printed before any result: command, versions, method."""
-    lines = [
+    return [
         f"# {command}",
         "# " + " | ".join(f"{name} {env[name]}" for name in ("python", "torch", "numpy", "asyncdist", "loop")),
         f"# {env['platform']}, {env['cpus']} CPUs",
+    ] + method(plan, series, sweep, floor)
+
+
+def method(plan: Plan, series: list[Series], sweep: str, floor: Floor | None = None) -> list[str]:
+    """The header's lines on how a sweep measures (ranks, sizes, series,
+    repetitions, the floor, the ratios), each starting ``# ``."""
+    lines = [
         f"# {plan.world_size} ranks on this host, {plan.dtype} ({plan.array} buffers)"
         + (f", sizes {sweep}" if any(CASES[job.op].sized for job in plan.jobs) else ""),
         f"# series: {', '.join(s.title for s in series)} (each in its own processes, one after the other)",
@@ -203,6 +215,85 @@ def tables(rows: list[Row], series: list[Series], floor: Floor | None = None) ->
         lines += [_line([c.cell(cells) for c in columns], widths) for cells in sizes.values()]
     return lines
 
+
+# -- the same rows as Markdown tables, for the reference page (asyncdist.bench.document) ----
+
+
+def _us(value: float | None) -> str:
+    """A time in a Markdown cell: three figures or more, thousands grouped."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else format(value, ".1f" if value >= 10 else ".2f")
+
+
+def size_text(nbytes: int) -> str:
+    """``8`` -> ``"8 B"``, ``1024`` -> ``"1 KiB"``, ``0`` (unsized) -> ``"-"``."""
+    if not nbytes:
+        return "-"
+    text = format_bytes(nbytes)
+    return f"{text[:-1]} {text[-1]}iB" if text[-1] in "KMG" else f"{text} B"
+
+
+def _markdown_columns(series: list[Series], floor: Floor | None) -> list[tuple[str, Callable[[Cells], str]]]:
+    def time(s: Series) -> Callable[[Cells], str]:
+        return lambda c: _us(_time(c, s))
+
+    def multiple(s: Series, floor: Floor) -> Callable[[Cells], str]:
+        return lambda c: _num(_multiple(c, s, floor), ".1f")
+
+    def ratio(s: Series, ref: Series) -> Callable[[Cells], str]:
+        return lambda c: _num(_ratio(c, s, ref))
+
+    mine = [s for s in series if not s.reference]
+    columns: list[tuple[str, Callable[[Cells], str]]] = [("size", lambda c: size_text(_any(c).nbytes))]
+    for s in series:
+        columns.append((f"{s.label} (us)", time(s)))
+        if floor is not None and not s.reference:
+            columns.append((f"{s.label} xfloor", multiple(s, floor)))
+    if _AWAIT in series and _FACADE in series:
+        columns.append(("facade overhead (us)", lambda c: _num(_overhead(c), "+.1f")))
+    columns += [(f"{ref.label} / {s.label}", ratio(s, ref)) for ref in _references(series) for s in mine]
+    return columns
+
+
+def _markdown_table(headings: list[str], body: list[list[str]]) -> list[str]:
+    """A Markdown table, the first column left-aligned, the others right; columns
+    with no value in any row are left out."""
+    keep = [i for i in range(len(headings)) if i == 0 or any(row[i] != "-" for row in body)]
+    lines = ["| " + " | ".join(headings[i] for i in keep) + " |", "|---|" + "---:|" * (len(keep) - 1)]
+    return lines + ["| " + " | ".join(row[i] for i in keep) + " |" for row in body]
+
+
+def markdown_tables(rows: list[Row], series: list[Series], floor: Floor | None = None, level: int = 3) -> list[str]:
+    """One Markdown table per op (a heading of ``level``), one line per size: each
+    series' time, the asyncdist series' time in floors for small rows, the
+    facade's overhead, and each reference's time over each asyncdist series'."""
+    lines: list[str] = []
+    for op, sizes in _grouped(rows).items():
+        present = [s for s in series if any(s in cells for cells in sizes.values())]
+        columns = _markdown_columns(present, floor)
+        n = _any(next(iter(sizes.values()))).world_size
+        # the note less its busbw clause: these tables show no bandwidth
+        note = "; ".join(part for part in CASES[op].note.split("; ") if not part.startswith("busbw"))
+        lines += [f"{'#' * level} {op}, {n} ranks", ""] + ([note, ""] if note else [])
+        body = [[cell(c) for _, cell in columns] for c in sizes.values()]
+        lines += _markdown_table([name for name, _ in columns], body)
+        lines.append("")
+    return lines
+
+
+def markdown_summary(rows: list[Row], series: list[Series]) -> list[str]:
+    """Per op, each reference's time over each asyncdist series' (geometric mean over
+    sizes) and the facade's median overhead, as a Markdown table; none if neither ran."""
+    pairs = [(ref, s) for ref in _references(series) for s in series if not s.reference]
+    per_pair = [ratios(rows, s, ref) for ref, s in pairs]
+    overheads = facade_overheads(rows)
+    if not any(per_pair) and not overheads:
+        return []
+    headings = ["op", *(f"{ref.label} / {s.label}" for ref, s in pairs), "facade overhead (us)"]
+    body = [[op, *(_num(ratio.get(op)) for ratio in per_pair), _num(overheads.get(op), "+.1f")]
+            for op in _grouped(rows)]
+    return _markdown_table(headings, body)
 
 def facade_overheads(rows: list[Row]) -> dict[str, float]:
     """Per op, the median over sizes <= OVERHEAD_MAX_BYTES of facade time - await time (us)."""
