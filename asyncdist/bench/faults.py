@@ -14,7 +14,7 @@ the await API; see ``docs/fault-tolerance.md``):
   first right all_reduce there (``time.monotonic()``, one clock for every
   process of a host). Median over ``--repeat`` jobs.
 
-The figures in docs/benchmarks.md come from this script. It is apart from
+docs/benchmarks.md ("Fault tolerance") says how to run it. It is apart from
 ``asyncdist-bench`` because it kills its own ranks, which that runner treats
 as a failed run.
 """

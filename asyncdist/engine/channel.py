@@ -108,7 +108,7 @@ class Channel(Operation):
 
     # The methods below are the hot path of every collective: they write to the
     # Operation's slots themselves rather than call its methods (each Python
-    # call costs ~0.1 us; docs/benchmarks.md counts them).
+    # call costs ~0.1 us; asyncdist-bench --count-calls counts them).
 
     def start_send(self, buf: HostBuffer, peer: int) -> asyncio.Future | None:
         """Start sending ``buf`` to group rank ``peer``; None if already sent."""

@@ -12,8 +12,8 @@ as it is posted, :meth:`RecordRing.start` as its messages begin to flow and
 at install (a C compiler, and Linux or Python 3.13+, whose clock API it
 reads), else :class:`PyRecordRing`, this module's Python one. They pass the
 same tests and differ in cost: 0.5-0.9 us of CPU per 8-byte all_reduce
-and rank in C, 2-2.7 us in Python (docs/benchmarks.md, "Flight recorder
-cost"). A record in Python is a list the ring keeps, and freeing it 2000
+and rank in C, 2-2.7 us in Python (``python -m asyncdist.bench.recorder``
+measures it). A record in Python is a list the ring keeps, and freeing it 2000
 operations later, out of cache, costs as much as the rest of the work; in
 C it is a struct in a preallocated array.
 

@@ -20,7 +20,7 @@ The ring the operations are recorded in, on the hot path, is
 reads it and what the failure paths add: the state of each record, the
 peers lost, the hang questions' answers, what open operations waited on as
 a failure happened. No formatting, no parsing, no batch work on the hot
-path; the cost is in docs/benchmarks.md ("Flight recorder cost").
+path; ``python -m asyncdist.bench.recorder`` measures the cost.
 
 Loop thread only, except :meth:`Recorder.entries`, which takes a snapshot.
 """

@@ -12,7 +12,7 @@ torch is in place, inputs left untouched where torch leaves them.
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Sequence
 
 from ..reduce import kernels as ops
 from ..buffers.host import HostBuffer, as_host_buffer, describe as describe_buffer, scratch_buffer
@@ -24,6 +24,7 @@ from ..errors import InvalidArgumentError
 from ..flight.descriptions import describe
 from ..reduce.op import ReduceOp
 from ..buffers.contiguous import Writeback, staged
+from ..engine.channel import Channel
 from .calls import Calls
 
 __all__ = ["Collectives"]
@@ -85,33 +86,27 @@ class Collectives:
         one runs: a bad tensor fails the whole request at once, and a
         collective started concurrently on this group cannot slip in between.
         """
-        checked = [self._all_reduce_input(tensor, op) for tensor in tensors]
-        calls = [self._all_reduce_call(buf, write_back, op) for buf, write_back in checked]
-        for call in calls:
-            await call()
+        checked = [staged(tensor, writable=True) for tensor in tensors]
+        for buf, _ in checked:
+            ops.check_op(op, buf.dtype)
+        channels = [self._all_reduce_channel(buf, op) for buf, _ in checked]
+        for channel, (buf, write_back) in zip(channels, checked):
+            await self._reduce_all(channel, buf, write_back, op)
 
     async def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM) -> None:
         """Combine every rank's ``tensor`` with ``op``; every rank gets the result in place."""
-        buf, write_back = self._all_reduce_input(tensor, op)
-        await self._all_reduce_call(buf, write_back, op)()
-
-    @staticmethod
-    def _all_reduce_input(tensor: Any, op: Any) -> tuple[HostBuffer, Writeback]:
         buf, write_back = staged(tensor, writable=True)
         ops.check_op(op, buf.dtype)
-        return buf, write_back
+        await self._reduce_all(self._all_reduce_channel(buf, op), buf, write_back, op)
 
-    def _all_reduce_call(self, buf: HostBuffer, write_back: Writeback, op: Any) -> Callable[[], Awaitable[None]]:
-        described = describe("all_reduce", reduce=ops.op_name(op), dtype=buf.dtype, shape=buf.shape)
-        channel = self._calls.channel(described)
+    def _all_reduce_channel(self, buf: HostBuffer, op: Any) -> Channel:
+        return self._calls.channel(describe("all_reduce", reduce=ops.op_name(op), dtype=buf.dtype, shape=buf.shape))
 
-        async def run() -> None:
-            ops.prepare(op, buf)
-            await channel.run(select.all_reduce(channel, buf, op))
-            ops.finish(op, buf, self.size)
-            write_back()
-
-        return run
+    async def _reduce_all(self, channel: Channel, buf: HostBuffer, write_back: Writeback, op: Any) -> None:
+        ops.prepare(op, buf)
+        await channel.run(select.all_reduce(channel, buf, op))
+        ops.finish(op, buf, self.size)
+        write_back()
 
     async def reduce(self, tensor: Any, dst: int, op: Any = ReduceOp.SUM) -> None:
         """Combine every rank's ``tensor`` into group rank ``dst``'s (others are left unchanged)."""

@@ -172,7 +172,7 @@ class ProcessGroup:
             return self.devices.isend(tensor, dst, tag)
         return self.p2p.isend(tensor, dst, tag)
 
-    async def send(self, tensor: Any, dst: int, tag: int = 0) -> None:
+    def send(self, tensor: Any, dst: int, tag: int = 0) -> Coroutine[Any, Any, None]:
         """Send ``tensor`` to group rank ``dst``; returns when the buffer may be reused.
 
         Raises:
@@ -182,8 +182,8 @@ class ProcessGroup:
             OperationTimeoutError: not sent within the group's timeout.
         """
         if any_device((tensor,)):
-            return await self.devices.isend(tensor, dst, tag)
-        await self.p2p.send(tensor, dst, tag)
+            return self._device_send(tensor, dst, tag)
+        return self.p2p.send(tensor, dst, tag)  # its coroutine, not one around it: one await less
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; the Work's value is the sender's group rank."""
@@ -191,7 +191,7 @@ class ProcessGroup:
             return self.devices.irecv(tensor, src, tag)
         return self.p2p.irecv(tensor, src, tag)
 
-    async def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> int:
+    def recv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Coroutine[Any, Any, int]:
         """Receive into ``tensor`` from group rank ``src`` (any rank if None).
 
         Returns:
@@ -203,9 +203,15 @@ class ProcessGroup:
             PeerLostError, OperationTimeoutError: as for :meth:`send`.
         """
         if any_device((tensor,)):
-            sender: int = await self.devices.irecv(tensor, src, tag)
-            return sender
-        return await self.p2p.recv(tensor, src, tag)
+            return self._device_recv(tensor, src, tag)
+        return self.p2p.recv(tensor, src, tag)
+
+    async def _device_send(self, tensor: Any, dst: int, tag: int) -> None:
+        await self.devices.isend(tensor, dst, tag)
+
+    async def _device_recv(self, tensor: Any, src: int | None, tag: int) -> int:
+        sender: int = await self.devices.irecv(tensor, src, tag)
+        return sender
 
     # -- collectives -------------------------------------------------------------------
 

@@ -10,8 +10,7 @@ starts operations, which then go on in the background).
 **The caller runs the loop.** A blocking call whose loop is free runs the
 loop in the calling thread until its coroutine is done: no thread hop, no
 wake-up of another thread, which is most of what a small blocking call would
-otherwise cost (the issue's "latency path without thread hops"; figures in
-``docs/benchmarks.md``). The daemon runs the loop only when someone must
+otherwise cost (the facade column of ``asyncdist-bench --api both`` measures it). The daemon runs the loop only when someone must
 while no caller does:
 
 * operations started by :meth:`start` (``isend``, ``async_op=True``) are

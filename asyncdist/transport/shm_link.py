@@ -214,14 +214,11 @@ class ShmLink:
         self._offered_fd = -1  # its memory's descriptor, until the peer opened it
         self.reading = False
         self._out: ShmRing | None = None  # the peer's ring, which this rank writes
+        #: Whether frames to the peer go through its ring (its ring is attached).
+        self.writing = False
         self._switched = 0  # the switch to the socket this rank's frames are under (0: none)
         self._draining = False
         self._wake = encode_control(Wake(me))
-
-    @property
-    def writing(self) -> bool:
-        """Whether frames to the peer go through its ring."""
-        return self._out is not None
 
     # -- agreement ---------------------------------------------------------
 
@@ -271,7 +268,7 @@ class ShmLink:
             self._send(RingRefused(self._me))
             return
         self._send(RingAccepted(self._me))  # the last frame on the socket before the ring's
-        self._out = ring
+        self._out, self.writing = ring, True
 
     def _send(self, frame: RingFrame) -> None:
         self._send_on_socket(encode_control(frame), None)
@@ -369,3 +366,4 @@ class ShmLink:
             if ring is not None:
                 ring.close()
         self._in = self._out = None
+        self.writing = False
