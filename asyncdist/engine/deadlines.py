@@ -21,10 +21,13 @@ Loop thread only.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from typing import Protocol
 
 __all__ = ["Deadlines", "Timed"]
+
+log = logging.getLogger("asyncdist.engine.deadlines")
 
 
 class Timed(Protocol):
@@ -69,7 +72,11 @@ class Deadlines:
         now = self._loop.time()
         soonest = math.inf
         for operation in list(self.open):
-            when = operation.due(now)
+            try:
+                when = operation.due(now)
+            except Exception:  # one operation's bug must not stop the others' timer
+                log.exception("the deadline timer failed on %r", operation)
+                when = math.inf
             if when == math.inf:
                 self.open.pop(operation, None)
             elif when < soonest:

@@ -114,8 +114,9 @@ class Mailbox:
         """Ask ``keep(header)`` about every message of ``ctx`` that no receive
         takes, as its header arrives: True queues it as unexpected, False drops it.
 
-        For contexts whose messages no receive is ever posted for (a group's
-        root announcements): the screen checks each one on arrival.
+        A group's root announcements (no receive is ever posted for them) and
+        its collective calls' early or stale messages are checked on arrival
+        this way. Messages of a call that failed here are dropped unasked.
         """
         self._screens[ctx] = keep
 
@@ -210,12 +211,12 @@ class Mailbox:
             recv.future.set_exception(error)  # the payload is read and dropped
             return Inbound(header, own_buffer(sender, header.nbytes))
         inbound = Inbound(header, own_buffer(sender, header.nbytes))
+        if (header.ctx, header.tag) in self._aborted or header.ctx in self._revoked:
+            return inbound  # read and dropped: its call failed here
         screen = self._screens.get(header.ctx)
-        if screen is not None and not screen(header):
-            return inbound  # read and dropped
-        if (header.ctx, header.tag) not in self._aborted and header.ctx not in self._revoked:  # else: dropped
+        if screen is None or screen(header):
             self._matcher.add_unexpected(inbound)
-        return inbound
+        return inbound  # else read and dropped
 
     def deliver(self, inbound: Inbound, recv: PostedRecv) -> None:
         """Hand an unexpected message to the receive that matched it (at once

@@ -148,6 +148,7 @@ class Operation:
 
     __slots__ = (
         "_engine", "_ring", "_handle", "_receiving", "_sending", "_warn_at", "_deadlines", "_awaiting", "_withdraw",
+        "_later_at", "_later",
         "kind", "ctx", "seq", "description", "group_name", "members", "timeout", "deadline", "closed",
     )  # fmt: skip
 
@@ -187,6 +188,8 @@ class Operation:
         # What it awaits now, which its deadline fails, and what takes it back then.
         self._awaiting: asyncio.Future | None = None
         self._withdraw: Callable[[], Any] | None = None
+        self._later_at: float | None = None  # see if_still_open
+        self._later: Callable[[], Any] | None = None
         self._deadlines = deadlines = engine.deadlines
         if timed:
             deadlines.open[self] = None
@@ -254,19 +257,38 @@ class Operation:
 
             future.add_done_callback(settle)
 
+    def if_still_open(self, seconds: float, callback: Callable[[], Any]) -> None:
+        """Call ``callback`` if it is still open ``seconds`` from now (on the rank's
+        one timer): what a call does only when it takes long (a rooted
+        call's announcement, :mod:`asyncdist.group.calls`) costs nothing when it does not."""
+        self._later_at, self._later = CLOCK() + seconds, callback
+        deadlines = self._deadlines
+        if self._later_at < deadlines.next_at and self in deadlines.open:
+            deadlines.arm(self._later_at)
+
     def due(self, now: float) -> float:
-        """The rank's timer asks (:class:`~asyncdist.engine.deadlines.Timed`): warn
-        or expire if its time has come by ``now``; the next time it needs the
-        timer (inf: none, it has closed or expired)."""
+        """The rank's timer asks (:class:`~asyncdist.engine.deadlines.Timed`): call
+        back (:meth:`if_still_open`), warn or expire if its time has come by
+        ``now``; the next time it needs the timer (inf: none, it has closed or expired)."""
         if self.closed:
             return math.inf
+        soonest = self.deadline
+        later_at = self._later_at
+        if later_at is not None:
+            if later_at <= now:
+                callback, self._later_at, self._later = self._later, None, None
+                assert callback is not None
+                callback()
+            else:
+                soonest = min(soonest, later_at)
         warn_at = self._warn_at
         if warn_at is not None:
-            if warn_at > now:
-                return warn_at
-            self._hang()
+            if warn_at <= now:
+                self._hang()
+            else:
+                soonest = min(soonest, warn_at)
         if self.deadline > now:
-            return self.deadline
+            return soonest
         future = self._awaiting
         if future is None or future.done():
             return now + _NOTHING_AWAITED_RETRY  # between two waits: expire at the next one

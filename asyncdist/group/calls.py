@@ -18,20 +18,31 @@ returning, is call #0 (``first_call=0``).
 broadcast, reduce, gather or scatter that names another root than the
 others would otherwise diverge in silence (two ranks that each broadcast
 their own tensor) or wait until the timeout (two ranks that each wait for
-the other's). So a rooted call *announces* itself: each rank sends its
-call's description, root included, in a zero-byte message of the group's
-announcement context, to the root it names, and the root sends it to every
-other member. No receive is ever posted there; the engine hands each
-announcement to :meth:`Calls._announcement` as it arrives, which compares it
-with this rank's description of the same call (or keeps it until this rank
-opens that call). If the ranks disagree, some rank receives an announcement
-that differs from its own: a rank that names another root than itself hears
-from a rank that names it, unless every rank named by another names itself,
-and then those roots' announcements reach every rank. That rank fails the
-call and tells the others (an ABORT); a rank whose part of the call had
-already completed raises at its next operation of the group. Cost, when the
-ranks agree: one zero-byte message per rank, n - 1 from the root, none
-waited for.
+the other's). Three checks close this, and cost nothing when the ranks
+agree (no message, and no call more than an all_reduce makes):
+
+* every data message carries its call's description, root included, and a
+  receive refuses a message whose description differs from its own
+  (:func:`~asyncdist.engine.matching.misfit`);
+* a message of a call that has closed here, which no receive took, is one
+  the ranks disagreed about: it fails that call everywhere, as it arrives
+  (:meth:`Calls._unexpected_message`) or as the next call opens;
+* a rooted call still open :data:`ANNOUNCE_AFTER` seconds after it opened
+  *announces* itself: it sends its description, root included, in a
+  zero-byte message of the group's announcement context to the root it
+  names, or, as the root, to every other member. No receive is ever posted
+  there; the engine hands each announcement to :meth:`Calls._announcement`
+  as it arrives, which compares it with this rank's description of the same
+  call (or keeps it until this rank opens that call).
+
+If the ranks disagree, either some rank is sent a message whose
+description differs from its own, or none is and some rank waits for ever:
+a non-root waits on a tree parent that names its root too, up to a root
+that does not name itself, which hears the waiting rank's announcement; a
+root waiting for its children hears from them, or they from it. The rank
+that finds the disagreement fails the call and tells the others (an
+ABORT); a rank whose part of the call had already completed raises at its
+next operation of the group.
 
 Loop thread only.
 """
@@ -46,13 +57,18 @@ from typing import Callable, Iterator
 from ..engine.channel import Channel
 from ..engine.engine import Engine
 from ..engine.operation import Operation
-from ..errors import AsyncDistError, CollectiveMismatchError, OperationCancelledError, PeerLostError
+from ..errors import AsyncDistError, CollectiveMismatchError, OperationCancelledError
 from ..flight.descriptions import Description, describe
 from ..wire.announcements import Announcement
 from ..wire.frames import Header
 from .members import Members
 
-__all__ = ["Calls", "CallReservation"]
+__all__ = ["Calls", "CallReservation", "ANNOUNCE_AFTER"]
+
+#: Seconds a rooted call may stay open before it announces itself (see the
+#: module docstring): far above a small call's time, so that calls that
+#: complete never announce, and far below any timeout.
+ANNOUNCE_AFTER = 0.05
 
 # Descriptions of finished calls kept, to check announcements that arrive
 # late: a rank is at most a few calls ahead of another (each rooted call
@@ -145,7 +161,7 @@ class Calls:
         self._described: OrderedDict[int, str] = OrderedDict()  # call -> its description here
         self._late: AsyncDistError | None = None  # raised by the next call (see _aborted)
         engine.watch(self.announcement_context, unmatched=self._announcement)
-        engine.watch(self.collective_context, aborted=self._aborted)
+        engine.watch(self.collective_context, unmatched=self._unexpected_message, aborted=self._aborted)
 
     # -- numbering -----------------------------------------------------------------
 
@@ -159,7 +175,8 @@ class Calls:
         Args:
             op: the call's description, root included (``describe("broadcast", root=1, ...)``).
             root: the group rank of a rooted call's root (see the module
-                docstring: the call is announced); None for the others.
+                docstring: the call announces itself if it takes long); None
+                for the others.
 
         Raises:
             InvalidRankError: this process is not a member.
@@ -202,7 +219,7 @@ class Calls:
             self._open.discard(seq)
             raise error
         if root is not None:
-            self._announce(seq, text, root)
+            channel.if_still_open(ANNOUNCE_AFTER, lambda: self._announce(seq, text, root))
         return channel
 
     def reserve(self, count: int) -> CallReservation:
@@ -253,8 +270,22 @@ class Calls:
         for peer in peers:
             try:
                 self.engine.send(m.ranks[peer], header, None)
-            except PeerLostError:
-                pass  # the call itself fails on the loss
+            except AsyncDistError:
+                pass  # a lost peer, a closed group: the call itself fails on it
+
+    def _unexpected_message(self, header: Header) -> bool:
+        """A message of one of this group's collective calls arrived before any
+        receive took it (engine hook): True keeps it for the receive to come.
+        One of a call that has closed here is one the ranks disagreed about:
+        the call fails everywhere, and this rank's next one with it."""
+        seq = header.tag
+        if seq > self._last or seq in self._open:
+            return True
+        error = self._stale_error(header)
+        assert error is not None
+        self.fail_call(seq, error)
+        self._completed_wrongly(error)
+        return False
 
     def _announcement(self, header: Header) -> bool:
         """An announcement arrived (engine hook): True to keep it until this rank opens its call."""

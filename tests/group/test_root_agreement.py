@@ -5,7 +5,7 @@ object collective built on them); at least two names differ. Whatever the
 timing, sizes and group size, every rank must raise CollectiveMismatchError,
 in the rooted call or, at the latest, in its next operation of the group.
 Never a silent divergence, never a wait until the timeout. See the
-announcements in asyncdist/group/calls.py.
+checks in asyncdist/group/calls.py.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 import asyncdist as dist
 from asyncdist.errors import AsyncDistError, CollectiveMismatchError
+from asyncdist.group.calls import ANNOUNCE_AFTER
 from asyncdist.group.process_group import ProcessGroup
 from asyncdist.testing import local_world, spawn
 
@@ -91,6 +92,36 @@ async def test_two_ranks_that_each_broadcast_their_own_tensor_both_raise_and_the
         x = [np.full(2, float(g.rank + 1)) for g in ranks]
         await asyncio.gather(*(g.all_reduce(v) for g, v in zip(ranks, x)))
         assert [v.tolist() for v in x] == [[3.0, 3.0]] * 2
+
+
+async def test_ranks_that_agree_send_nothing_but_the_data() -> None:
+    """Agreement costs no message: a rooted call announces itself only if it
+    is still open after ANNOUNCE_AFTER, and none of these is."""
+    calls = 50
+    async with local_world(3, timeout=TIMEOUT) as ranks:
+        sent_before = [list(g.engine.flight.counters.sent_messages) for g in ranks]
+        for i in range(calls):
+            tensors = [np.full(2, float(g.rank + i)) for g in ranks]
+            await asyncio.gather(*(g.broadcast(t, src=0) for g, t in zip(ranks, tensors)))
+            assert [t.tolist() for t in tensors] == [[float(i)] * 2] * 3
+        sent = [sum(after) - sum(before) for after, before in
+                zip((g.engine.flight.counters.sent_messages for g in ranks), sent_before)]
+    # A binomial tree from rank 0 over 3 ranks: rank 0 sends to ranks 1 and 2, nobody else sends.
+    assert sent == [2 * calls, 0, 0]
+
+
+async def test_a_rank_left_waiting_announces_itself_and_the_root_it_names_finds_the_disagreement() -> None:
+    """Rank 1 names rank 0 as the root, rank 0 names rank 1: each waits for the
+    other's data. No message is sent until rank 1's announcement, ANNOUNCE_AFTER
+    later, tells rank 0; then both raise long before the timeout."""
+    loop = asyncio.get_running_loop()
+    async with local_world(2, timeout=TIMEOUT) as ranks:
+        started = loop.time()
+        outcomes = await asyncio.gather(
+            *(g.broadcast(np.zeros(2), src=1 - g.rank) for g in ranks), return_exceptions=True
+        )
+        assert all(isinstance(o, CollectiveMismatchError) for o in outcomes), outcomes
+        assert ANNOUNCE_AFTER <= loop.time() - started < TIMEOUT / 2
 
 
 def facade_own_root_broadcasts() -> list[str]:
