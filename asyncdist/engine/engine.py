@@ -194,7 +194,9 @@ class Engine:
             raise self._unreachable(dst)
         if self.faults.refusing and (refused := self.faults.send_error(header.ctx)) is not None:
             raise refused  # one attribute test per message; the rest only after a revoke or an exclusion
-        self.flight.counters.sent(dst, header.nbytes)
+        counters = self.flight.counters  # counted here, not by a call: every message passes
+        counters.sent_bytes[dst] += header.nbytes
+        counters.sent_messages[dst] += 1
         return connection.send_message(header, payload)
 
     def post_recv(
@@ -221,9 +223,9 @@ class Engine:
             raise self.faults.excluded
         assert self._loop is not None
         recv = PostedRecv(ctx, src, tag, buf, asyncio.Future(loop=self._loop), sources, op, fold)
-        self._mailbox.post(recv, self._losses.fatal_for(recv))
-        if self._rings is not None:
-            self._rings.activity()  # its message may come through a ring: look for a while
+        self._mailbox.post(recv, self._losses.fatal_for(recv) if self._losses.errors else None)
+        if (rings := self._rings) is not None and rings.spin:
+            rings.activity()  # its message may come through a ring: look for a while
         return recv
 
     def watch(

@@ -41,25 +41,30 @@ def goodbye(rank: int, signum: int) -> str:
 
 
 class Losses:
-    """The peers one rank has lost, and the rules above."""
+    """The peers one rank has lost, and the rules above.
 
-    __slots__ = ("_errors", "_left")
+    Attributes:
+        errors: the error each lost peer was lost with, by rank (read only;
+            empty while no peer is lost, which the engine tests per receive).
+    """
+
+    __slots__ = ("errors", "_left")
 
     def __init__(self) -> None:
-        self._errors: dict[int, PeerLostError] = {}
+        self.errors: dict[int, PeerLostError] = {}
         self._left: set[int] = set()  # lost peers that said goodbye first
 
     def record(self, rank: int, error: PeerLostError, *, orderly: bool) -> bool:
         """Record the loss of ``rank``; False if it was already recorded."""
-        if rank in self._errors:
+        if rank in self.errors:
             return False
-        self._errors[rank] = error
+        self.errors[rank] = error
         if orderly:
             self._left.add(rank)
         return True
 
     def __contains__(self, rank: object) -> bool:
-        return rank in self._errors
+        return rank in self.errors
 
     def left(self, rank: int) -> bool:
         """Whether ``rank`` said goodbye before its stream ended (an orderly close, not a crash)."""
@@ -67,7 +72,7 @@ class Losses:
 
     def error(self, rank: int) -> PeerLostError | None:
         """The error that ended the stream to ``rank``, if it has ended."""
-        return self._errors.get(rank)
+        return self.errors.get(rank)
 
     def fatal_for(self, recv: PostedRecv) -> PeerLostError | None:
         """The loss that dooms ``recv``, or None while it can still complete.
@@ -76,25 +81,25 @@ class Losses:
         collective's ``sources`` are all the other members, and looking at
         each of them made a message cost O(n) (63 lookups per message at n = 64).
         """
-        if not self._errors:
+        if not self.errors:
             return None
-        if recv.src is not None and recv.src in self._errors:
-            return self._errors[recv.src]
+        if recv.src is not None and recv.src in self.errors:
+            return self.errors[recv.src]
         if recv.op is not None:
-            return next((self._errors[r] for r in recv.sources if self._crashed(r)), None)
+            return next((self.errors[r] for r in recv.sources if self._crashed(r)), None)
         if recv.src is None:
             return self._among(recv.sources)
         return None
 
     def _crashed(self, rank: int) -> bool:
-        return rank in self._errors and rank not in self._left
+        return rank in self.errors and rank not in self._left
 
     def _among(self, ranks: Iterable[int]) -> PeerLostError | None:
         ranks = list(ranks)
-        gone = [rank for rank in ranks if rank in self._errors]
+        gone = [rank for rank in ranks if rank in self.errors]
         crashed = [rank for rank in gone if rank not in self._left]
         if crashed:
-            return self._errors[crashed[0]]
+            return self.errors[crashed[0]]
         if gone and len(gone) == len(ranks):
-            return self._errors[gone[-1]]
+            return self.errors[gone[-1]]
         return None

@@ -131,10 +131,11 @@ class Mailbox:
         if self._revoked and recv.ctx in self._revoked:
             fail_future(recv.future, self._revoked[recv.ctx])
             return
-        inbound = self._matcher.take_unexpected(recv.ctx, recv.src, recv.tag)
-        if inbound is not None:
-            self.deliver(inbound, recv)
-            return
+        if self.unexpected:  # else nothing can match: the common case, without a call
+            inbound = self._matcher.take_unexpected(recv.ctx, recv.src, recv.tag)
+            if inbound is not None:
+                self.deliver(inbound, recv)
+                return
         failed = lost or self._aborted.get((recv.ctx, recv.tag))
         if failed is not None:
             fail_future(recv.future, failed)
@@ -267,7 +268,11 @@ class PeerInbox:
         self._staged: np.ndarray | None = None  # where it is read, for a folding receive
 
     def payload_buffer(self, header: Header) -> memoryview:
-        return self._destination(self._mailbox.route(self.rank, header), header.nbytes)
+        target = self._mailbox.route(self.rank, header)
+        if type(target) is PostedRecv and target.fold is None:  # the common case, inline
+            self.current = target
+            return target.buf.view
+        return self._destination(target, header.nbytes)
 
     def frame_received(self, header: Header, payload: memoryview) -> None:
         if header.kind not in _PAYLOAD_KINDS:

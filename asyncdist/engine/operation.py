@@ -193,7 +193,7 @@ class Operation:
         self._deadlines = deadlines = engine.deadlines
         if timed:
             deadlines.open[self] = None
-            first = self.deadline if self._warn_at is None else self._warn_at
+            first = self.deadline if self._warn_at is None else min(self.deadline, self._warn_at)
             if first < deadlines.next_at:
                 deadlines.arm(first)
         self._ring = ring = flight.recorder.ring

@@ -40,11 +40,6 @@ class Counters:
         self.received_messages = [0] * world_size
         self.ops: dict[int, dict[Description, list]] = {}
 
-    def sent(self, rank: int, nbytes: int) -> None:
-        """Count one message of ``nbytes`` payload bytes sent to ``rank``."""
-        self.sent_bytes[rank] += nbytes
-        self.sent_messages[rank] += 1
-
     def widen(self, world_size: int) -> None:
         """Count for the ids below ``world_size`` too (processes a grow admitted)."""
         for counts in (self.sent_bytes, self.sent_messages, self.received_bytes, self.received_messages):

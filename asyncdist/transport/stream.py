@@ -131,7 +131,7 @@ class Connection:
         self.last_received = self.last_sent = loop.time()
         self._reading = False  # inside _read: a failed write must not read again
         self._short_read_ends = not type(loop).__module__.startswith(_READS_PAST_SHORT)
-        loop.add_reader(self._fd, self._on_readable)
+        loop.add_reader(self._fd, self._read)
 
     # -- writing -----------------------------------------------------------
 
@@ -192,11 +192,16 @@ class Connection:
 
     def send_message(self, header: Header, payload: memoryview | None) -> asyncio.Future | None:
         """Send one message: a large payload by address if the peer can read this
-        process's memory, else inline. Returns and raises as :meth:`send_frame`."""
+        process's memory, else inline. Returns and raises as :meth:`send_frame`
+        (whose two lines it repeats: every message passes here)."""
         if payload is not None and payload.nbytes >= self._by_memory_from and self.peer_reads_me:
             remote = dataclasses.replace(header, kind=Kind.REMOTE, addr=cma.address_of(payload))
             return self.send_remote(encode_header(remote), payload)
-        return self.send_frame(encode_header(header), payload)
+        self.last_sent = self._loop.time()
+        rings = self.rings
+        if rings is not None and rings.writing:
+            return rings.write(encode_header(header), payload)
+        return self._send_on_socket(encode_header(header), payload)
 
     def send_remote(self, header: bytes, payload: memoryview) -> asyncio.Future:
         """Send a ``Kind.REMOTE`` header whose payload the peer reads from our memory;
@@ -272,11 +277,9 @@ class Connection:
 
     # -- reading -----------------------------------------------------------
 
-    def _on_readable(self) -> None:
-        self._read()
-
     def _read(self) -> int:
-        """Read what the kernel holds (up to a bound) into the decoder; the bytes read."""
+        """Read what the kernel holds (up to a bound) into the decoder; the bytes
+        read. The socket's reader (the loop ignores what it returns)."""
         decoder = self._decoder
         total = 0
         self._reading = True

@@ -305,16 +305,13 @@ class FrameDecoder:
             body_start = self._start + PREFIX.size
             header = decode_header(view[body_start : body_start + length], self._max_payload)
             self._start = body_start + length
-            self._begin_payload(header)
-
-    def _begin_payload(self, header: Header) -> None:
-        if header.nbytes == 0 or header.kind == Kind.REMOTE:  # nothing follows on the stream
-            self._sink.frame_received(header, _EMPTY)
-            return
-        dest = self._sink.payload_buffer(header)
-        if dest.nbytes != header.nbytes:
-            raise ProtocolError(f"sink returned {dest.nbytes} bytes for a {header.nbytes}-byte payload")
-        self._header, self._dest, self._filled = header, dest, 0
+            if header.nbytes == 0 or header.kind == Kind.REMOTE:  # nothing follows on the stream
+                self._sink.frame_received(header, _EMPTY)
+                continue
+            dest = self._sink.payload_buffer(header)
+            if dest.nbytes != header.nbytes:
+                raise ProtocolError(f"sink returned {dest.nbytes} bytes for a {header.nbytes}-byte payload")
+            self._header, self._dest, self._filled = header, dest, 0
 
     def _finish_payload(self) -> None:
         header, dest = self._header, self._dest

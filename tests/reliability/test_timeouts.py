@@ -116,7 +116,7 @@ async def test_point_to_point_operations_time_out_naming_peer_tag_and_group() ->
             with pytest.raises(OperationTimeoutError, match=r"rank 0: send to rank 1 \(tag 7, group 'local2'\)"):
                 await a.send(np.ones(4 << 20), 1, tag=7)
         finally:
-            loop.add_reader(receiver._fd, receiver._on_readable)
+            loop.add_reader(receiver._fd, receiver._read)
         b.timeout = 30
         got = np.zeros(4 << 20)
         await b.recv(got, 0, tag=7)  # the send was not withdrawn: it completes
@@ -203,7 +203,7 @@ async def test_point_to_point_work_wait_names_the_peers() -> None:
             with pytest.raises(OperationTimeoutError) as info:
                 await asyncio.to_thread(sending.wait, 0.2)
         finally:
-            loop.add_reader(receiver._fd, receiver._on_readable)
+            loop.add_reader(receiver._fd, receiver._read)
         assert str(info.value) == ("rank 0: send to rank 1 (tag 8, group 'local3') Timed out after 0.2 s "
                                    "(Work.wait timeout); still sending to rank 1")
         got = np.zeros(4 << 20)
