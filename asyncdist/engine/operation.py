@@ -190,7 +190,7 @@ class Operation:
         self._deadlines = deadlines = engine.deadlines
         if timed:
             deadlines.open[self] = None
-            first = self.deadline if self._warn_at is None else self._warn_at
+            first = self.deadline if self._warn_at is None else min(self.deadline, self._warn_at)
             if first < deadlines.next_at:
                 deadlines.arm(first)
         self._ring = ring = flight.recorder.ring
@@ -260,13 +260,15 @@ class Operation:
         timer (inf: none, it has closed or expired)."""
         if self.closed:
             return math.inf
+        soonest = self.deadline
         warn_at = self._warn_at
         if warn_at is not None:
-            if warn_at > now:
-                return warn_at
-            self._hang()
+            if warn_at <= now:
+                self._hang()
+            else:
+                soonest = min(soonest, warn_at)
         if self.deadline > now:
-            return self.deadline
+            return soonest
         future = self._awaiting
         if future is None or future.done():
             return now + _NOTHING_AWAITED_RETRY  # between two waits: expire at the next one
