@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 from .cases import CASES
 from .plan import format_bytes
@@ -18,7 +19,7 @@ from .runner import Row
 __all__ = ["missing", "write_plot"]
 
 # One colour per op, one line style per series.
-_STYLES = {"await": "-", "facade": ":", "torch": "--", "mpi4py": "-."}
+_STYLES: dict[str, Any] = {"await": "-", "facade": ":", "torch": "--", "mpi4py": "-."}  # matplotlib's line styles
 
 
 def missing() -> str | None:

@@ -138,6 +138,17 @@ async def test_one_timer_serves_every_operation_and_fires_for_the_earliest() -> 
     assert slow.close() and not engine.deadlines.open
 
 
+async def test_a_deadline_before_the_hang_warning_fires_first() -> None:
+    engine = FakeEngine(hang_warn=60.0)
+    operation = Operation(engine, "collective", 2, 5, describe("barrier"), "world", MEMBERS, 0.02, MEMBERS)
+    assert engine.deadlines.next_at == operation.deadline
+    future = asyncio.get_running_loop().create_future()
+    operation.expect(future, (0,), sending=False)
+    with pytest.raises(OperationTimeoutError, match="Timed out after 0.02 s"):
+        await asyncio.wait_for(operation.awaiting(future), 5.0)  # not at the warning, 60 s on
+    assert not engine.warnings
+
+
 async def test_the_deadline_waits_for_the_next_wait_when_nothing_is_awaited() -> None:
     engine = FakeEngine()
     operation = Operation(engine, "collective", 2, 3, describe("barrier"), "world", MEMBERS, 0.01, MEMBERS)
