@@ -47,6 +47,7 @@ from ..errors import BufferMismatchError, UnsupportedBufferError
 
 __all__ = [
     "ITEMSIZES",
+    "NUMPY_DTYPES",
     "HostBuffer",
     "as_host_buffer",
     "describe",
@@ -88,7 +89,8 @@ ITEMSIZES: Mapping[str, int] = MappingProxyType(
 # NumPy dtype -> canonical name, for the native byte order only (a swapped
 # dtype compares unequal, so it is not found).
 _NUMPY_NAMES = {np.dtype(name): name for name in _NUMPY_ITEMSIZES}
-_NUMPY_DTYPES = {name: dtype for dtype, name in _NUMPY_NAMES.items()}
+#: Canonical name -> NumPy dtype, for the dtypes NumPy has (:func:`numpy_view`'s).
+NUMPY_DTYPES = {name: dtype for dtype, name in _NUMPY_NAMES.items()}
 
 
 class HostBuffer:
@@ -247,7 +249,7 @@ def numpy_view(buf: HostBuffer, *, flat: bool = False) -> np.ndarray | None:
         The array (writable exactly when ``buf.view`` is), or ``None`` for
         dtypes NumPy lacks (bfloat16, complex32, the float8 family, ...).
     """
-    dtype = _NUMPY_DTYPES.get(buf.dtype)
+    dtype = NUMPY_DTYPES.get(buf.dtype)
     if dtype is None:
         return None
     array = np.frombuffer(buf.view, dtype=dtype)

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 __all__ = ["dissemination_barrier"]
 
 
-def _empty() -> HostBuffer:
-    return HostBuffer(memoryview(bytearray()), "uint8", (0,))
+# A barrier's messages are empty: this one buffer serves every send and receive
+# of every barrier, as nothing is ever written into it.
+_EMPTY = HostBuffer(memoryview(bytearray()), "uint8", (0,))
 
 
 async def dissemination_barrier(channel: Channel[Recv]) -> None:
@@ -28,5 +29,5 @@ async def dissemination_barrier(channel: Channel[Recv]) -> None:
     rank, size = channel.rank, channel.size
     distance = 1
     while distance < size:
-        await sendrecv(channel, _empty(), (rank + distance) % size, _empty(), (rank - distance) % size)
+        await sendrecv(channel, _EMPTY, (rank + distance) % size, _EMPTY, (rank - distance) % size)
         distance *= 2

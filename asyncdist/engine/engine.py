@@ -84,6 +84,9 @@ class Engine:
         self.world_size = me.world_size
         self._max_payload = max_payload
         self._mailbox = Mailbox(me.rank)
+        #: The unexpected messages by (ctx, src, tag), read only: empty in the
+        #: common case, which a caller tests before asking for any of them.
+        self.unexpected = self._mailbox.unexpected
         self._connections: dict[int, Connection] = {}
         self._losses = Losses()
         self._inboxes: dict[int, PeerInbox] = {}
@@ -251,13 +254,14 @@ class Engine:
 
     def take_queued(self, ctx: int, tag: int) -> list[Header]:
         """Remove and return the headers of the unexpected messages of call (ctx, tag)."""
-        if not self._mailbox.unexpected:
-            return []
         return self._mailbox.take_queued(ctx, tag)
 
     def call_error(self, ctx: int, tag: int) -> AsyncDistError | None:
         """The error call (ctx, tag) failed with here (an ABORT, a detected mismatch), or None."""
-        return self._mailbox.call_error(ctx, tag)
+        mailbox = self._mailbox
+        if not (mailbox.aborted or mailbox.revoked):  # the common case, without a call
+            return None
+        return mailbox.call_error(ctx, tag)
 
     def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
         """Fail call (ctx, tag)'s receives with ``error``, now and later; drop its messages."""
@@ -283,8 +287,6 @@ class Engine:
 
     def take_stale(self, ctx: int, below_tag: int) -> Header | None:
         """Consume an unmatched message of ``ctx`` tagged below ``below_tag``; its header, or None."""
-        if not self._mailbox.unexpected:
-            return None
         return self._mailbox.take_stale(ctx, below_tag)
 
     def by_memory(self, rank: int, *, sending: bool) -> bool:

@@ -106,9 +106,11 @@ class Mailbox:
         #: The unexpected messages (the matcher's, by (ctx, src, tag)): empty in the
         #: common case, which the engine tests before asking for any of them.
         self.unexpected = self._matcher.unexpected
-        self._aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
+        #: The calls failed here, (ctx, tag) -> why (the latest ones), and the
+        #: contexts revoked, ctx -> why every receive of it fails: read only.
+        self.aborted: OrderedDict[tuple[int, int], AsyncDistError] = OrderedDict()
+        self.revoked: dict[int, AsyncDistError] = {}
         self._screens: dict[int, Callable[[Header], bool]] = {}
-        self._revoked: dict[int, AsyncDistError] = {}  # context -> why every receive of it fails
 
     def screen(self, ctx: int, keep: Callable[[Header], bool]) -> None:
         """Ask ``keep(header)`` about every message of ``ctx`` that no receive
@@ -128,15 +130,15 @@ class Mailbox:
         """Match ``recv`` with the earliest unexpected message that fits, or
         queue it; fail it instead if its call failed, its context was revoked,
         or ``lost`` says a peer it depends on is gone."""
-        if self._revoked and recv.ctx in self._revoked:
-            fail_future(recv.future, self._revoked[recv.ctx])
+        if self.revoked and recv.ctx in self.revoked:
+            fail_future(recv.future, self.revoked[recv.ctx])
             return
         if self.unexpected:  # else nothing can match: the common case, without a call
             inbound = self._matcher.take_unexpected(recv.ctx, recv.src, recv.tag)
             if inbound is not None:
                 self.deliver(inbound, recv)
                 return
-        failed = lost or self._aborted.get((recv.ctx, recv.tag))
+        failed = lost or self.aborted.get((recv.ctx, recv.tag))
         if failed is not None:
             fail_future(recv.future, failed)
             return
@@ -149,27 +151,27 @@ class Mailbox:
     def call_error(self, ctx: int, tag: int) -> AsyncDistError | None:
         """The error call (ctx, tag) was marked failed with here (or its context
         revoked with), if it was (and is still remembered)."""
-        if self._revoked and ctx in self._revoked:
-            return self._revoked[ctx]
-        return self._aborted.get((ctx, tag))
+        if self.revoked and ctx in self.revoked:
+            return self.revoked[ctx]
+        return self.aborted.get((ctx, tag))
 
     def revoke(self, ctx: int, error: AsyncDistError) -> None:
         """Fail every receive of context ``ctx`` with ``error``, now and later,
         and drop its messages, queued or still to come."""
-        if ctx in self._revoked:
+        if ctx in self.revoked:
             return
-        self._revoked[ctx] = error
+        self.revoked[ctx] = error
         for recv in self._matcher.take_context(ctx):
             fail_future(recv.future, error)
 
     def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
         """Mark call (ctx, tag) failed: its receives fail with ``error``, now and
         later, and its messages, queued or still to come, are dropped."""
-        if (ctx, tag) in self._aborted:
+        if (ctx, tag) in self.aborted:
             return
-        self._aborted[(ctx, tag)] = error
-        if len(self._aborted) > _MAX_ABORTED_CALLS:
-            self._aborted.popitem(last=False)
+        self.aborted[(ctx, tag)] = error
+        if len(self.aborted) > _MAX_ABORTED_CALLS:
+            self.aborted.popitem(last=False)
         self._matcher.drop_call(ctx, tag)
         for recv in self._matcher.take_call(ctx, tag):
             fail_future(recv.future, error)
@@ -212,7 +214,7 @@ class Mailbox:
             recv.future.set_exception(error)  # the payload is read and dropped
             return Inbound(header, own_buffer(sender, header.nbytes))
         inbound = Inbound(header, own_buffer(sender, header.nbytes))
-        if (header.ctx, header.tag) in self._aborted or header.ctx in self._revoked:
+        if (header.ctx, header.tag) in self.aborted or header.ctx in self.revoked:
             return inbound  # read and dropped: its call failed here
         screen = self._screens.get(header.ctx)
         if screen is None or screen(header):

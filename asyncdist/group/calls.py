@@ -196,7 +196,9 @@ class Calls:
         # A message of a call that this rank has closed, and that no receive
         # took, means the ranks disagreed about that call. Calls still open
         # here (numbered, not finished) may legitimately have early messages.
-        stale = engine.take_stale(self.collective_context, min(self._open, default=self._last + 1))
+        stale = None
+        if engine.unexpected:  # else nothing can be stale or early: the common case, without a call
+            stale = engine.take_stale(self.collective_context, min(self._open, default=self._last + 1))
         reserved = _RESERVED.get()
         if reserved is not None and reserved[0] is self and reserved[1]:
             seq = reserved[1].pop(0)
@@ -212,7 +214,7 @@ class Calls:
         error = None
         if self._late is not None or stale is not None:
             error = self._take_late() or self._stale_error(stale)
-        if error is None and (queued := engine.take_queued(self.announcement_context, seq)):
+        if error is None and engine.unexpected and (queued := engine.take_queued(self.announcement_context, seq)):
             error = self._disagreement(seq, text, queued)
         if error is not None:
             channel.fail(error)  # the other members of this call learn of it now

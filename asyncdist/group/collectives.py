@@ -87,20 +87,19 @@ class Collectives:
         collective started concurrently on this group cannot slip in between.
         """
         checked = [staged(tensor, writable=True) for tensor in tensors]
-        for buf, _ in checked:
-            ops.check_op(op, buf.dtype)
-        channels = [self._all_reduce_channel(buf, op) for buf, _ in checked]
+        names = [ops.check_op(op, buf.dtype) for buf, _ in checked]
+        channels = [self._all_reduce_channel(buf, name) for (buf, _), name in zip(checked, names)]
         for channel, (buf, write_back) in zip(channels, checked):
             await self._reduce_all(channel, buf, write_back, op)
 
     async def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM) -> None:
         """Combine every rank's ``tensor`` with ``op``; every rank gets the result in place."""
         buf, write_back = staged(tensor, writable=True)
-        ops.check_op(op, buf.dtype)
-        await self._reduce_all(self._all_reduce_channel(buf, op), buf, write_back, op)
+        name = ops.check_op(op, buf.dtype)
+        await self._reduce_all(self._all_reduce_channel(buf, name), buf, write_back, op)
 
-    def _all_reduce_channel(self, buf: HostBuffer, op: Any) -> Channel:
-        return self._calls.channel(describe("all_reduce", reduce=ops.op_name(op), dtype=buf.dtype, shape=buf.shape))
+    def _all_reduce_channel(self, buf: HostBuffer, op_name: str) -> Channel:
+        return self._calls.channel(describe("all_reduce", reduce=op_name, dtype=buf.dtype, shape=buf.shape))
 
     async def _reduce_all(self, channel: Channel, buf: HostBuffer, write_back: Writeback, op: Any) -> None:
         ops.prepare(op, buf)
@@ -112,8 +111,8 @@ class Collectives:
         """Combine every rank's ``tensor`` into group rank ``dst``'s (others are left unchanged)."""
         root = self._root(dst, "dst")
         buf, write_back = staged(tensor, writable=(self.rank == root))
-        ops.check_op(op, buf.dtype)
-        described = describe("reduce", root=root, reduce=ops.op_name(op), dtype=buf.dtype, shape=buf.shape)
+        name = ops.check_op(op, buf.dtype)
+        described = describe("reduce", root=root, reduce=name, dtype=buf.dtype, shape=buf.shape)
         channel = self._calls.channel(described, root)
         if self.rank != root:
             accumulator = scratch_buffer(buf.dtype, buf.numel)
@@ -183,9 +182,9 @@ class Collectives:
         write_back()
 
     async def _reduce_scatter(self, out: HostBuffer, inputs: list[HostBuffer], op: Any, name: str) -> None:
-        ops.check_op(op, out.dtype)
+        op_name = ops.check_op(op, out.dtype)
         _same_layout(inputs, out, "input")
-        described = describe(name, reduce=ops.op_name(op), dtype=out.dtype, shape=out.shape, per_rank=True)
+        described = describe(name, reduce=op_name, dtype=out.dtype, shape=out.shape, per_rank=True)
         channel = self._calls.channel(described)
         accumulator = scratch_buffer(out.dtype, out.numel * self.size)
         slots = even_slots(accumulator, self.size)

@@ -96,6 +96,8 @@ class Members:
         Raises:
             InvalidRankError: not a member, out of range, or this process's own rank.
         """
+        if type(rank) is int and 0 <= rank < self.size and rank != self.rank >= 0:
+            return self.ranks[rank]  # the common case, checked without a call
         self.check_member()
         checked = self.check(rank, what)
         if checked == self.rank:

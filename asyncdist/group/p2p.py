@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from ..buffers.host import as_host_buffer
 from ..engine.matching import PostedRecv
 from ..engine.operation import Operation, open_message
 from ..engine.progress import Progress
 from ..errors import InvalidArgumentError
-from ..flight.descriptions import Description, describe_message
+from ..flight.descriptions import describe_message
 from .calls import Calls
 from .work import Work, completed_future
 
@@ -108,8 +108,12 @@ class PointToPoint:
         peer = self._members.peer(dst, "dst")
         check_tag(tag)
         buf = as_host_buffer(tensor)
-        operation = self._message(describe_message("send", dst, tag, self._members.name, buf.nbytes), (dst,))
+        calls = self._calls
+        operation = open_message(self._engine, calls.p2p_context, describe_message("send", dst, tag, self._members.name,
+                                 buf.nbytes), self._members.ranks, (dst,), calls.timeout)  # fmt: skip
         try:
+            if not self._gates:  # no device send is copying: send now
+                return operation, operation.send_payload(peer, tag, buf)
             return operation, self._send_in_order(dst, lambda: operation.send_payload(peer, tag, buf))
         except BaseException as error:
             operation.close(error, dump=False)
@@ -125,19 +129,16 @@ class PointToPoint:
         check_tag(tag)
         buf = as_host_buffer(tensor, writable=True)
         recv = self._engine.post_recv(self._calls.p2p_context, peer, tag, buf, self._members.others)
-        sources = self._members.sources(src)
-        operation = self._message(describe_message("recv", src, tag, self._members.name, buf.nbytes), sources)
+        sources = (src,) if src is not None else self._members.sources(src)
+        calls = self._calls
+        operation = open_message(self._engine, calls.p2p_context, describe_message("recv", src, tag, self._members.name,
+                                 buf.nbytes), self._members.ranks, sources, calls.timeout)  # fmt: skip
         return operation, recv, sources
 
     def _work(self, future: asyncio.Future, operation: Operation, tensor: Any) -> Work:
         """The Work of a message started with an ``i*`` call: a timed-out ``wait``
         names its peer, as a collective's names the peers it waits on."""
         return Work(future, operation.where, [tensor], Progress(self._members.me, operation.where, [operation]))
-
-    def _message(self, description: Description, peers: Sequence[int]) -> Operation:
-        """Open one message of the group: ``peers`` are the group ranks it waits on."""
-        calls = self._calls
-        return open_message(self._engine, calls.p2p_context, description, self._members.ranks, peers, calls.timeout)
 
     # -- turns: sends that wait for an earlier device send's copy ---------------------
 

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._torch import torch_or_none
-from ..buffers.host import ITEMSIZES, HostBuffer, numpy_view
+from ..buffers.host import ITEMSIZES, NUMPY_DTYPES, HostBuffer, numpy_view
 from .op import (
     _NO_FACTOR,
     Factor,
@@ -145,10 +145,11 @@ def combine(op: Any, acc: HostBuffer, other: HostBuffer) -> None:
     kind = op if type(op) is RedOpType else _resolve(op)[0]
     if acc.nbytes == 0:
         return
-    a = numpy_view(acc, flat=True)
-    if a is not None:
+    dtype = NUMPY_DTYPES.get(acc.dtype)
+    if dtype is not None:  # numpy_view's flat arrays, made here: every small reduction passes
+        a = np.frombuffer(acc.view, dtype)
         with np.errstate(all="ignore"):
-            _UFUNCS[kind](a, numpy_view(other, flat=True), out=a)
+            _UFUNCS[kind](a, np.frombuffer(other.view, dtype), out=a)
         return
     _torch_combine(kind, acc, other)
 

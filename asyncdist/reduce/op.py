@@ -218,8 +218,7 @@ def op_name(op: Any) -> str:
     if type(op) is RedOpType:
         return _LOWER_NAMES[op]
     kind, factor = _resolve(op)
-    name = _LOWER_NAMES[kind]
-    return name if factor is None else f"{name}({factor!r})"
+    return _LOWER_NAMES[kind] if factor is None else f"{_LOWER_NAMES[kind]}({factor!r})"
 
 
 _LOWER_NAMES = {kind: kind.name.lower() for kind in RedOpType}  # enum's .name is slow per call
@@ -288,7 +287,7 @@ _RULES: dict[RedOpType, tuple[frozenset[str], str]] = {
 _NO_FACTOR = "ReduceOp.PREMUL_SUM needs a factor: build it with make_premul_sum(factor)"
 
 
-def check_op(op: Any, dtype: str) -> None:
+def check_op(op: Any, dtype: str) -> str:
     """Check that ``op`` is defined for ``dtype``; call before :func:`~asyncdist.reduce.kernels.prepare`.
 
     See the module docstring for the rules and how they compare with torch.
@@ -296,6 +295,9 @@ def check_op(op: Any, dtype: str) -> None:
     Args:
         op: anything :func:`op_type` accepts.
         dtype: a canonical dtype name (a key of ``ITEMSIZES``).
+
+    Returns:
+        The op's name, as :func:`op_name` gives it (what a call's description carries).
 
     Raises:
         InvalidArgumentError: naming the op and the dtype, e.g. "ReduceOp.BAND
@@ -320,6 +322,7 @@ def check_op(op: Any, dtype: str) -> None:
             )
     if dtype in _TORCH_ONLY and torch_or_none() is None:
         raise InvalidArgumentError(f"{_undefined(kind, dtype)} without torch: reducing {dtype} needs torch installed")
+    return _LOWER_NAMES[kind] if factor is None else f"{_LOWER_NAMES[kind]}({factor!r})"
 
 
 def _undefined(kind: RedOpType, dtype: str) -> str:

@@ -279,9 +279,7 @@ class FrameDecoder:
                 self._finish_payload()
             return
         self._end += nbytes
-        self._parse()
-
-    def _parse(self) -> None:
+        # Then parse what has arrived (inline: every read passes here).
         view = self._view
         while self._start < self._end:
             if self._header is not None:
