@@ -3,7 +3,8 @@
 Times on a shared machine wander; the number of Python functions an
 operation enters does not. This counts them with ``sys.setprofile``
 (:class:`~asyncdist.bench.call_counter.CallCounter`): two ranks of the await
-API in one asyncio event loop of this process (the harness's
+API in one event loop of this process, asyncio's and (where installed)
+uvloop's, each counted apart (the harness's
 :func:`~asyncdist.testing.local_world`, real connections between them), and
 after a warm-up, ``--iters`` of each operation in a counted window, each
 iteration the ranks' calls gathered and awaited together:
@@ -54,7 +55,23 @@ from typing import Any, Awaitable, Callable
 from .. import settings
 from .call_counter import ORIGINS, CallCounter
 
-__all__ = ["OpCounts", "OPS", "count_ops", "count_facade_all_reduce", "table", "facade_lines", "main"]
+__all__ = ["OpCounts", "OPS", "LOOPS", "available_loops", "count_ops", "count_facade_all_reduce", "table",
+           "facade_lines", "main"]
+
+#: The event loops the rows can be counted on, and what each is to asyncdist.
+#: asyncio's loop runs its own machinery in Python (a loop turn, a callback
+#: scheduled, a timer: each some Python calls); uvloop's is C.
+LOOPS = {
+    "asyncio": "asyncio's event loop (the facade's)",
+    "uvloop": "uvloop (the await API's default where installed)",
+}
+
+
+def available_loops() -> list[str]:
+    """The loops of :data:`LOOPS` installed here."""
+    import importlib.util
+
+    return [name for name in LOOPS if name == "asyncio" or importlib.util.find_spec(name) is not None]
 
 #: One iteration's coroutines, given both ranks' groups and arrays.
 Iteration = Callable[[list, list], list[Awaitable[Any]]]
@@ -136,13 +153,14 @@ def _rounds(loop: asyncio.AbstractEventLoop, groups: list, arrays: list, iters: 
     return rows
 
 
-def count_ops(iters: int = 200, rounds: int = 3, warmup: int = 50) -> dict[str, OpCounts]:
+def count_ops(iters: int = 200, rounds: int = 3, warmup: int = 50, loop: str = "asyncio") -> dict[str, OpCounts]:
     """Count every row of :data:`OPS` and the harness's; blocks (runs its own loop).
 
     Args:
         iters: iterations of each operation per counted window.
         rounds: windows per operation; the median round is reported.
         warmup: iterations of each operation before the first window.
+        loop: the event loop to count on, a key of :data:`LOOPS`.
 
     Returns:
         The rows by operation name, the harness's last.
@@ -151,20 +169,26 @@ def count_ops(iters: int = 200, rounds: int = 3, warmup: int = 50) -> dict[str, 
 
     from ..testing import local_world
 
-    loop = asyncio.new_event_loop()
+    running: asyncio.AbstractEventLoop
+    if loop == "uvloop":
+        import uvloop
+
+        running = uvloop.new_event_loop()
+    else:
+        running = asyncio.new_event_loop()
     world = local_world(2)
     try:
-        groups = loop.run_until_complete(world.__aenter__())
+        groups = running.run_until_complete(world.__aenter__())
         try:
             # zeros: sums stay 0, so no overflow warning ever enters a window
             arrays = [np.zeros(2, np.float32) for _ in groups]
             for make, _ in _ALL.values():
-                loop.run_until_complete(_warm(make, groups, arrays, warmup))
-            return _rounds(loop, groups, arrays, iters, rounds)
+                running.run_until_complete(_warm(make, groups, arrays, warmup))
+            return _rounds(running, groups, arrays, iters, rounds)
         finally:
-            loop.run_until_complete(world.__aexit__(None, None, None))
+            running.run_until_complete(world.__aexit__(None, None, None))
     finally:
-        loop.close()
+        running.close()
 
 
 async def _warm(make: Iteration, groups: list, arrays: list, iters: int) -> None:
@@ -274,9 +298,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--iters and --rounds must be >= 1, --warmup >= 0")
     import asyncdist
 
-    print(f"asyncdist {os.path.dirname(asyncdist.__file__)}, Python {sys.version.split()[0]}, asyncio's event loop; "
+    print(f"asyncdist {os.path.dirname(asyncdist.__file__)}, Python {sys.version.split()[0]}; "
           f"2 ranks in one loop, {args.iters} iterations x {args.rounds} rounds after {args.warmup} warm-up")
-    print("\n".join(table(count_ops(args.iters, args.rounds, args.warmup))))
+    for loop in available_loops():
+        print(f"\n{LOOPS[loop]}:")
+        print("\n".join(table(count_ops(args.iters, args.rounds, args.warmup, loop))))
     if not args.no_facade:
         print()
         print("\n".join(facade_lines(count_facade_all_reduce(args.warmup))))

@@ -75,8 +75,8 @@ class Measured:
         preset: ``"default"`` or ``"quick"``.
         floor, copy_gbps: the floors, and one core's copy bandwidth (GB/s).
         sweeps: one per world size of :data:`WORLD_SIZES`.
-        calls, facade_calls: :func:`~asyncdist.bench.calls.count_ops` and
-            :func:`~asyncdist.bench.calls.count_facade_all_reduce`'s results.
+        calls, facade_calls: :func:`~asyncdist.bench.calls.count_ops`'s results
+            by event loop, and :func:`~asyncdist.bench.calls.count_facade_all_reduce`'s.
         plots: world size -> the plot's path relative to the page.
         notes: what was left out, and why.
     """
@@ -126,7 +126,7 @@ def measure(path: str | Path, *, command: str, env: dict[str, str], preset: str,
             return None
         sweeps.append(done)
     _say("counting the Python calls per operation ...")
-    counts = calls.count_ops(**_CALL_COUNTS[preset])
+    counts = {loop: calls.count_ops(**_CALL_COUNTS[preset], loop=loop) for loop in calls.available_loops()}
     facade = calls.count_facade_all_reduce(**_FACADE_COUNTS[preset])
     notes, plots = list(notes), {}
     if why := plot.missing():
@@ -274,14 +274,15 @@ def _calls(m: Measured) -> list[str]:
         "## Python calls per operation",
         "",
         "Counted, not timed (`asyncdist-bench --count-calls`): the Python functions entered per 8 B "
-        "operation, two ranks of the await API in one asyncio event loop, split by where the function "
-        "lives; `(harness)` is the benchmark's own share of every row. Then one blocking "
+        "operation, two ranks of the await API in one event loop, split by where the function "
+        "lives; `(harness)` is the benchmark's own share of every row (a send+recv row is per pair: "
+        "twice the harness's per-rank share is its). asyncio's event loop runs its own machinery in "
+        "Python, uvloop's in C: each loop has its table. Then one blocking "
         "`dist.all_reduce` of the facade on two processes, counted on every thread of rank 0, and the "
         "asyncdist files it enters. Compare copies built alike: where the C extensions were not built, "
         "the flight recorder's ring is the Python one, which adds 3 Python calls per operation and rank.",
         "",
-        *calls.table(m.calls),
-        "",
+        *(line for loop, rows in m.calls.items() for line in (f"**{calls.LOOPS[loop]}**", "", *calls.table(rows), "")),
         "```text",
         *calls.facade_lines(m.facade_calls),
         "```",
