@@ -277,6 +277,6 @@ def test_scale_counts_messages_and_bytes_per_rank(capsys: pytest.CaptureFixture[
     assert cells[("all_reduce", 1)] == (0, 0.0) and cells[("broadcast", 1)] == (0, 0.0)
     assert cells[("all_reduce", 8)] == (6, 1.75)  # halving + doubling: 2 log2 8 messages, 2(n-1)/n of the data
     assert cells[("all_reduce", 3)] == (4, 1.33)  # ring below 8 ranks: 2(n-1) messages, 2(n-1)/n of the data
-    # The chain: the message once per rank; the root also announces the call to the 7 others (no payload).
-    assert cells[("broadcast", 8)] == (1 + 7, 1.0)
+    # The chain: the message once per rank, and nothing more: ranks that agree send no announcement.
+    assert cells[("broadcast", 8)] == (1, 1.0)
     assert "scale: broadcast 64K" in err
