@@ -44,6 +44,20 @@ that finds the disagreement fails the call and tells the others (an
 ABORT); a rank whose part of the call had already completed raises at its
 next operation of the group.
 
+**Members are agreed, or every member learns they are not.** Every rank
+makes its groups in the same order, so two ranks that pass different member
+lists to ``new_group`` get the same contexts, and their collectives would mix
+(rank 0 reducing with [0, 1], ranks 1 and 2 with [0, 1, 2]: wrong sums, no
+error). So the messages of a group's first collective call carry its
+member list in their description ("all_reduce(sum, float32[1]) among ranks
+[0, 1]"), which every receive compares with its own, and if the call is
+still open after
+:data:`ANNOUNCE_AFTER` it announces itself to every member (the lists may
+leave every rank waiting on another, without a message between two that
+disagree): ranks that disagree get
+:class:`~asyncdist.errors.CollectiveMismatchError` naming both lists. Later
+calls carry nothing more.
+
 Loop thread only.
 """
 
@@ -156,6 +170,7 @@ class Calls:
         self.p2p_context = new_context()
         self.collective_context = new_context()
         self.announcement_context = new_context()
+        self._first_call = first_call
         self._last = first_call - 1  # the number of the latest call taken
         self._open: set[int] = set()  # numbered here and not yet finished
         self._described: OrderedDict[int, str] = OrderedDict()  # call -> its description here
@@ -207,10 +222,13 @@ class Calls:
             self._open.add(seq)
         description = op if isinstance(op, Description) else describe(op)
         text = description.text
+        if seq == self._first_call:  # its messages carry the member list, checked once (see the module docstring)
+            text = f"{text} among ranks {list(self.members.ranks)}"
         self._described[seq] = text
         if len(self._described) > _REMEMBERED_CALLS:
             self._described.popitem(last=False)
         channel = self._channel(seq, description, on_close=self._open.discard, record=True)  # in the flight recorder
+        channel.op = text
         error = None
         if self._late is not None or stale is not None:
             error = self._take_late() or self._stale_error(stale)
@@ -220,8 +238,11 @@ class Calls:
             channel.fail(error)  # the other members of this call learn of it now
             self._open.discard(seq)
             raise error
-        if root is not None:
-            channel.if_still_open(ANNOUNCE_AFTER, lambda: self._announce(seq, text, root))
+        if root is not None or seq == self._first_call:
+            # A group's first call, member list included, announces itself to every member.
+            to = self.members.rank if seq == self._first_call else root
+            assert to is not None
+            channel.if_still_open(ANNOUNCE_AFTER, lambda: self._announce(seq, text, to))
         return channel
 
     def reserve(self, count: int) -> CallReservation:

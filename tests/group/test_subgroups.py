@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from asyncdist.errors import InvalidArgumentError, InvalidRankError
+from asyncdist.errors import CollectiveMismatchError, InvalidArgumentError, InvalidRankError
 from asyncdist.testing import local_world
 
 
@@ -72,3 +72,32 @@ async def test_partition_gives_each_rank_its_group_and_refuses_shared_ranks() ->
             ranks[0].partition([[1, 2], [1]])
         with pytest.raises(InvalidRankError, match="invalid rank 4 for group"):
             ranks[0].partition([[4]])
+
+
+@pytest.mark.parametrize(
+    "lists",
+    [
+        [[0, 1], [0, 1, 2], [0, 1, 2]],  # rank 0 leaves rank 2 out; ranks 1 and 2 take it in
+        [[0, 1, 2], [0, 2, 1], [0, 1, 2]],  # the same members, in another order on rank 1
+        [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2], [0, 1, 2, 3]],  # rank 2 leaves rank 3 out
+    ],
+)
+async def test_ranks_that_pass_new_group_different_members_all_raise_naming_the_lists(lists: list[list[int]]) -> None:
+    """Each rank makes "the same" group from its own list: the group's first
+    collective raises CollectiveMismatchError on every rank, never a wrong sum."""
+    async with local_world(len(lists), timeout=10.0) as world:
+        groups = [g.new_group(members) for g, members in zip(world, lists)]
+        tensors = [np.full(1, float(g.rank + 1)) for g in world]
+        outcomes = await asyncio.gather(
+            *(grp.all_reduce(t) for grp, t in zip(groups, tensors) if grp.rank >= 0), return_exceptions=True
+        )
+        assert all(isinstance(o, CollectiveMismatchError) for o in outcomes), outcomes
+        # Where the lists' messages met, the error names both lists.
+        named = " ".join(str(o) for o in outcomes)
+        assert any(f"among ranks {members}" in named for members in lists if members != lists[0]), named
+        # Made again with one list everywhere, the group works.
+        again = [g.new_group(lists[0]) for g in world]
+        values = [np.full(1, float(g.rank + 1)) for g in world]
+        await asyncio.gather(*(grp.all_reduce(v) for grp, v in zip(again, values) if grp.rank >= 0))
+        expected = float(sum(r + 1 for r in lists[0]))
+        assert [v[0] for g, v in zip(again, values) if g.rank >= 0] == [expected] * len(lists[0])
