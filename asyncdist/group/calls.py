@@ -265,9 +265,11 @@ class Calls:
     def _stale_error(self, stale: Header | None) -> CollectiveMismatchError | None:
         if stale is None:
             return None
+        mine = self._described.get(stale.seq)
+        called = f"; rank {self.members.me} called {mine}" if mine is not None else ""
         return CollectiveMismatchError(
             f"rank {self.members.me}: rank {stale.src} sent a message for {stale.op} (call #{stale.seq} in "
-            f"group {self.members.name!r}) that no call of this rank expected; the ranks disagreed about that call"
+            f"group {self.members.name!r}) that no call of this rank expected{called}; the ranks disagreed about that call"
         )
 
     def _disagreement(self, seq: int, op: str, queued: list[Header]) -> CollectiveMismatchError | None:
@@ -307,8 +309,16 @@ class Calls:
         error = self._stale_error(header)
         assert error is not None
         self.fail_call(seq, error)
+        self._tell_outsider(header.src, seq, error)
         self._completed_wrongly(error)
         return False
+
+    def _tell_outsider(self, rank: int, seq: int, error: AsyncDistError) -> None:
+        """Fail call ``seq`` on global rank ``rank`` too, when it is not a member
+        here: it took itself for one (its member list differs), and the ABORT
+        that :meth:`fail_call` sends the members would not reach it."""
+        if rank not in self.members.ranks:
+            self.engine.send_abort([rank], self.collective_context, seq, error)
 
     def _announcement(self, header: Header) -> bool:
         """An announcement arrived (engine hook): True to keep it until this rank opens its call."""
@@ -320,9 +330,10 @@ class Calls:
         if theirs.description != mine:
             error = self._mismatch(seq, mine, theirs)
             # Fail it everywhere; if it completed here, on a root other ranks
-            # did not name, the next call fails too.
-            completed = seq not in self._open
+            # did not name, the next call fails too (not if it failed here).
+            completed = seq not in self._open and self.engine.call_error(self.collective_context, seq) is None
             self.fail_call(seq, error)
+            self._tell_outsider(theirs.src, seq, error)
             if completed:
                 self._completed_wrongly(error)
         return False
