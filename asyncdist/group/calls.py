@@ -19,7 +19,7 @@ broadcast, reduce, gather or scatter that names another root than the
 others would otherwise diverge in silence (two ranks that each broadcast
 their own tensor) or wait until the timeout (two ranks that each wait for
 the other's). Three checks close this, and cost nothing when the ranks
-agree (no message, and no call more than an all_reduce makes):
+agree (no message, no wait):
 
 * every data message carries its call's description, root included, and a
   receive refuses a message whose description differs from its own
@@ -50,12 +50,12 @@ lists to ``new_group`` get the same contexts, and their collectives would mix
 (rank 0 reducing with [0, 1], ranks 1 and 2 with [0, 1, 2]: wrong sums, no
 error). So the messages of a group's first collective call carry its
 member list in their description ("all_reduce(sum, float32[1]) among ranks
-[0, 1]"), which every receive compares with its own, and if the call is
-still open after
-:data:`ANNOUNCE_AFTER` it announces itself to every member (the lists may
-leave every rank waiting on another, without a message between two that
-disagree): ranks that disagree get
-:class:`~asyncdist.errors.CollectiveMismatchError` naming both lists. Later
+[0, 1]"), which every receive compares with its own; if the call is still
+open after :data:`ANNOUNCE_AFTER`, it announces itself to every member (the
+lists may leave every rank waiting on another, with no message between two
+that disagree). Ranks that disagree get
+:class:`~asyncdist.errors.CollectiveMismatchError` naming both lists; a rank
+that hears from one outside its own list fails the call there too. Later
 calls carry nothing more.
 
 Loop thread only.
@@ -266,10 +266,10 @@ class Calls:
         if stale is None:
             return None
         mine = self._described.get(stale.seq)
-        called = f"; rank {self.members.me} called {mine}" if mine is not None else ""
+        called = f" (rank {self.members.me} called {mine})" if mine is not None else ""
         return CollectiveMismatchError(
             f"rank {self.members.me}: rank {stale.src} sent a message for {stale.op} (call #{stale.seq} in "
-            f"group {self.members.name!r}) that no call of this rank expected{called}; the ranks disagreed about that call"
+            f"group {self.members.name!r}) that no call of this rank expected; the ranks disagreed about that call{called}"
         )
 
     def _disagreement(self, seq: int, op: str, queued: list[Header]) -> CollectiveMismatchError | None:
