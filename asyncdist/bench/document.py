@@ -6,7 +6,7 @@ loop); the machine's floors (:mod:`asyncdist.bench.floor`) and its copy
 bandwidth, with the least time each large row could take at it
 (:mod:`asyncdist.bench.memcpy`); the sweep at 2 and at 4 ranks, await API
 and facade against gloo and MPI, as Markdown tables
-(:func:`asyncdist.bench.report.markdown_tables`), with their plots where
+(:func:`asyncdist.bench.markdown.markdown_tables`), with their plots where
 matplotlib is installed; the Python calls per operation
 (:mod:`asyncdist.bench.calls`); and last the fixed prose on how to read
 the tables and how to run the tool, the package's ``bench/reference.md``,
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import floor as floors
-from . import memcpy, plot, report
+from . import markdown, memcpy, plot
 from .floor import Floor
 from .plan import Series
 from .runner import Row
@@ -214,7 +214,7 @@ def _floors(m: Measured) -> list[str]:
         f"| blocking sockets, ping-pong over TCP loopback, one way | {f.blocking_us:.1f} us |",
         f"| {f.loop} `asyncio.Protocol`, the same ping-pong | {f.uvloop_us:.1f} us |",
         f"| two shared-memory rings, both sides spinning, in Python, one way | {shm} |",
-        f"| **copy bandwidth** of one core (NumPy copy of {report.size_text(memcpy.MEASURE_BYTES)}, "
+        f"| **copy bandwidth** of one core (NumPy copy of {markdown.size_text(memcpy.MEASURE_BYTES)}, "
         f"best of {memcpy.REPS}) | **{m.copy_gbps:.2f} GB/s** |",
         "",
     ]
@@ -226,7 +226,7 @@ def _gap(m: Measured) -> list[str]:
         "## The gap to the hardware",
         "",
         "Every byte a call delivers to a rank is copied into that rank's memory at least once. For each "
-        f"row of {report.size_text(memcpy.BOUND_MIN_BYTES)} or more, the least time is that of copying "
+        f"row of {markdown.size_text(memcpy.BOUND_MIN_BYTES)} or more, the least time is that of copying "
         f"those bytes at the copy bandwidth above, the receiving ranks' copies spread over the {cores} "
         "cores: least time = receivers x bytes each / (min(receivers, cores) x copy bandwidth), with, "
         "for a row of `size` bytes on n ranks:",
@@ -242,7 +242,7 @@ def _gap(m: Measured) -> list[str]:
     large = [(s.world_size, r) for s in m.sweeps for r in s.rows
              if r.nbytes >= memcpy.BOUND_MIN_BYTES and r.op in memcpy.MODEL]
     if not large:
-        return lines + [f"No row of this run is {report.size_text(memcpy.BOUND_MIN_BYTES)} or more.", ""]
+        return lines + [f"No row of this run is {markdown.size_text(memcpy.BOUND_MIN_BYTES)} or more.", ""]
     series = list(dict.fromkeys(r.series for _, r in large))
     lines += ["| ranks | op | size | least (us) | " + " | ".join(f"{x.label} (x least)" for x in series) + " |",
               "|---:|---|---|---:|" + "---:|" * len(series)]
@@ -250,7 +250,7 @@ def _gap(m: Measured) -> list[str]:
         least = memcpy.least_us(op, nbytes, n, m.copy_gbps, cores) or float("nan")
         times = {r.series: r.time_us for k, r in large if (k, r.op, r.nbytes) == (n, op, nbytes)}
         cells = [f"{times[x] / least:.1f}" if x in times else "-" for x in series]
-        lines.append(f"| {n} | {op} | {report.size_text(nbytes)} | {least:,.0f} | " + " | ".join(cells) + " |")
+        lines.append(f"| {n} | {op} | {markdown.size_text(nbytes)} | {least:,.0f} | " + " | ".join(cells) + " |")
     lines.append("")
     return lines
 
@@ -260,11 +260,11 @@ def _sweep(s: Sweep, m: Measured) -> list[str]:
     lines = [f"## {n} ranks", "", "```text", *s.method, "```", ""]
     if n in m.plots:
         lines += [f"![busbw and time against size, {n} ranks]({m.plots[n]})", ""]
-    summary = report.markdown_summary(s.rows, s.series)
+    summary = markdown.markdown_summary(s.rows, s.series)
     if summary:
         lines += ["Per op, each reference's time over asyncdist's (geometric mean over sizes; > 1: asyncdist "
                   "is faster) and the facade's median overhead per call:", "", *summary, ""]
-    return lines + report.markdown_tables(s.rows, s.series, m.floor)
+    return lines + markdown.markdown_tables(s.rows, s.series, m.floor)
 
 
 def _calls(m: Measured) -> list[str]:

@@ -9,10 +9,9 @@ overhead over the await API (small sizes only, where it is not lost in data
 movement) and, for each reference library (gloo, MPI), the ratio
 ``its time / asyncdist's time`` (> 1: asyncdist is faster).
 
-:func:`markdown_tables` and :func:`markdown_summary` render the same rows
-and ratios as Markdown, for the reference page
-(:mod:`asyncdist.bench.document`): times, floors, overheads and ratios,
-no bandwidth (the page's plots carry it).
+The cell computations (a series' time, its multiple of the floor, a
+reference's ratio, the facade's overhead) are public: :mod:`.markdown`
+renders the same rows with them.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ from .runner import Row
 
 __all__ = [
     "OVERHEAD_MAX_BYTES", "FACADE_TARGET_US", "FLOOR_MAX_BYTES", "environment", "header", "method", "tables",
-    "summary", "markdown_tables", "markdown_summary", "facade_overheads", "ratios", "to_json",
+    "summary", "facade_overheads", "ratios", "to_json", "Cells", "any_row", "grouped", "references", "number",
+    "time_of", "multiple_of", "ratio_of", "overhead_of",
 ]
 
 #: What the issue asks of the blocking facade: at most this much per call over the await API.
@@ -96,12 +96,12 @@ def method(plan: Plan, series: list[Series], sweep: str, floor: Floor | None = N
     lines += [f"# ddp: {ddp.describe(job.count)}; one step per repetition" for job in plan.jobs if job.op == "ddp"]
     if floor is not None:
         lines.append(f"# {floor.describe()}; xfloor = time / floor, for rows <= {format_bytes(FLOOR_MAX_BYTES)}")
-    for ref in _references(series):
+    for ref in references(series):
         lines.append(f"# ratio = {ref.library} time / asyncdist time: > 1 means asyncdist is faster")
     return lines
 
 
-def _references(series: list[Series]) -> list[Series]:
+def references(series: list[Series]) -> list[Series]:
     return [s for s in series if s.reference]
 
 
@@ -114,26 +114,26 @@ class _Column:
     cell: Callable[[Cells], str]
 
 
-def _num(value: float | None, spec: str = ".2f") -> str:
+def number(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _any(cells: Cells) -> Row:
+def any_row(cells: Cells) -> Row:
     return next(iter(cells.values()))
 
 
 def _columns(series: list[Series], floor: Floor | None) -> list[_Column]:
     columns = [
-        _Column("", "size", "(B)", 11, lambda c: str(_any(c).nbytes)),
-        _Column("", "count", "(elements)", 11, lambda c: str(_any(c).count)),
-        _Column("", "type", "", 8, lambda c: _any(c).dtype if _any(c).count else "-"),
+        _Column("", "size", "(B)", 11, lambda c: str(any_row(c).nbytes)),
+        _Column("", "count", "(elements)", 11, lambda c: str(any_row(c).count)),
+        _Column("", "type", "", 8, lambda c: any_row(c).dtype if any_row(c).count else "-"),
     ]
     for s in series:
         columns += _series_columns(s, floor)
     mine = [s for s in series if not s.reference]
     if _AWAIT in series and _FACADE in series:
-        columns.append(_Column("facade", "overhead", "(us)", 8, lambda c: _num(_overhead(c), "+.1f")))
-    for ref in _references(series):
+        columns.append(_Column("facade", "overhead", "(us)", 8, lambda c: number(overhead_of(c), "+.1f")))
+    for ref in references(series):
         for s in mine:
             unit = f"({ref.library}/{s.api})" if len(mine) > 1 else f"({ref.library}/asyncdist)"
             columns.append(_ratio_column(ref, s, unit))
@@ -141,24 +141,24 @@ def _columns(series: list[Series], floor: Floor | None) -> list[_Column]:
 
 
 def _series_columns(s: Series, floor: Floor | None) -> list[_Column]:
-    columns = [_Column(s.label, "time", "(us)", 10, lambda c: _num(_time(c, s)))]
+    columns = [_Column(s.label, "time", "(us)", 10, lambda c: number(time_of(c, s)))]
     if floor is not None:
-        columns.append(_Column(s.label, "xfloor", "", 6, lambda c: _num(_multiple(c, s, floor), ".1f")))
+        columns.append(_Column(s.label, "xfloor", "", 6, lambda c: number(multiple_of(c, s, floor), ".1f")))
     return columns + [
-        _Column(s.label, "algbw", "(GB/s)", 7, lambda c: _num(c[s].algbw if s in c else None)),
-        _Column(s.label, "busbw", "(GB/s)", 7, lambda c: _num(c[s].busbw if s in c else None)),
+        _Column(s.label, "algbw", "(GB/s)", 7, lambda c: number(c[s].algbw if s in c else None)),
+        _Column(s.label, "busbw", "(GB/s)", 7, lambda c: number(c[s].busbw if s in c else None)),
     ]
 
 
 def _ratio_column(ref: Series, s: Series, unit: str) -> _Column:
-    return _Column("", "ratio", unit, 8, lambda c: _num(_ratio(c, s, ref)))
+    return _Column("", "ratio", unit, 8, lambda c: number(ratio_of(c, s, ref)))
 
 
-def _time(cells: Cells, series: Series) -> float | None:
+def time_of(cells: Cells, series: Series) -> float | None:
     return cells[series].time_us if series in cells else None
 
 
-def _multiple(cells: Cells, series: Series, floor: Floor) -> float | None:
+def multiple_of(cells: Cells, series: Series, floor: Floor) -> float | None:
     """``series``' time in floors, for small rows (the barrier included, the DDP step not)."""
     row = cells.get(series)
     if row is None or row.nbytes > FLOOR_MAX_BYTES or (not row.nbytes and row.op != "barrier"):
@@ -166,19 +166,19 @@ def _multiple(cells: Cells, series: Series, floor: Floor) -> float | None:
     return row.time_us / floor.us
 
 
-def _ratio(cells: Cells, mine: Series, ref: Series) -> float | None:
+def ratio_of(cells: Cells, mine: Series, ref: Series) -> float | None:
     """``ref``'s time / ``mine``'s, where both ran."""
-    theirs, ours = _time(cells, ref), _time(cells, mine)
+    theirs, ours = time_of(cells, ref), time_of(cells, mine)
     return theirs / ours if theirs and ours else None
 
 
-def _overhead(cells: Cells) -> float | None:
+def overhead_of(cells: Cells) -> float | None:
     """The facade's time - the await API's, measured in pairs (see
     :attr:`~asyncdist.bench.plan.Plan.paired`), for small sizes."""
     return cells[_FACADE].overhead_us if _FACADE in cells else None
 
 
-def _grouped(rows: list[Row]) -> dict[str, dict[int, Cells]]:
+def grouped(rows: list[Row]) -> dict[str, dict[int, Cells]]:
     """rows -> op -> size in bytes -> series -> row (ops and sizes in run order)."""
     result: dict[str, dict[int, Cells]] = {}
     for row in rows:
@@ -205,10 +205,10 @@ def _group_line(columns: list[_Column], widths: list[int]) -> str:
 def tables(rows: list[Row], series: list[Series], floor: Floor | None = None) -> list[str]:
     """One table per op, as nccl-tests prints them, with the series that measured that op."""
     lines: list[str] = []
-    for op, sizes in _grouped(rows).items():
+    for op, sizes in grouped(rows).items():
         columns = _columns([s for s in series if any(s in cells for cells in sizes.values())], floor)
         widths = [max(c.width, len(c.name), len(c.unit)) for c in columns]
-        n = _any(next(iter(sizes.values()))).world_size
+        n = any_row(next(iter(sizes.values()))).world_size
         lines += ["", f"# {op}, {n} ranks: {CASES[op].note}", _group_line(columns, widths)]
         lines.append(_line([c.name for c in columns], widths, "#"))
         lines.append(_line([c.unit for c in columns], widths, "#"))
@@ -216,90 +216,11 @@ def tables(rows: list[Row], series: list[Series], floor: Floor | None = None) ->
     return lines
 
 
-# -- the same rows as Markdown tables, for the reference page (asyncdist.bench.document) ----
-
-
-def _us(value: float | None) -> str:
-    """A time in a Markdown cell: three figures or more, thousands grouped."""
-    if value is None:
-        return "-"
-    return f"{value:,.0f}" if value >= 100 else format(value, ".1f" if value >= 10 else ".2f")
-
-
-def size_text(nbytes: int) -> str:
-    """``8`` -> ``"8 B"``, ``1024`` -> ``"1 KiB"``, ``0`` (unsized) -> ``"-"``."""
-    if not nbytes:
-        return "-"
-    text = format_bytes(nbytes)
-    return f"{text[:-1]} {text[-1]}iB" if text[-1] in "KMG" else f"{text} B"
-
-
-def _markdown_columns(series: list[Series], floor: Floor | None) -> list[tuple[str, Callable[[Cells], str]]]:
-    def time(s: Series) -> Callable[[Cells], str]:
-        return lambda c: _us(_time(c, s))
-
-    def multiple(s: Series, floor: Floor) -> Callable[[Cells], str]:
-        return lambda c: _num(_multiple(c, s, floor), ".1f")
-
-    def ratio(s: Series, ref: Series) -> Callable[[Cells], str]:
-        return lambda c: _num(_ratio(c, s, ref))
-
-    mine = [s for s in series if not s.reference]
-    columns: list[tuple[str, Callable[[Cells], str]]] = [("size", lambda c: size_text(_any(c).nbytes))]
-    for s in series:
-        columns.append((f"{s.label} (us)", time(s)))
-        if floor is not None and not s.reference:
-            columns.append((f"{s.label} xfloor", multiple(s, floor)))
-    if _AWAIT in series and _FACADE in series:
-        columns.append(("facade overhead (us)", lambda c: _num(_overhead(c), "+.1f")))
-    columns += [(f"{ref.label} / {s.label}", ratio(s, ref)) for ref in _references(series) for s in mine]
-    return columns
-
-
-def _markdown_table(headings: list[str], body: list[list[str]]) -> list[str]:
-    """A Markdown table, the first column left-aligned, the others right; columns
-    with no value in any row are left out."""
-    keep = [i for i in range(len(headings)) if i == 0 or any(row[i] != "-" for row in body)]
-    lines = ["| " + " | ".join(headings[i] for i in keep) + " |", "|---|" + "---:|" * (len(keep) - 1)]
-    return lines + ["| " + " | ".join(row[i] for i in keep) + " |" for row in body]
-
-
-def markdown_tables(rows: list[Row], series: list[Series], floor: Floor | None = None, level: int = 3) -> list[str]:
-    """One Markdown table per op (a heading of ``level``), one line per size: each
-    series' time, the asyncdist series' time in floors for small rows, the
-    facade's overhead, and each reference's time over each asyncdist series'."""
-    lines: list[str] = []
-    for op, sizes in _grouped(rows).items():
-        present = [s for s in series if any(s in cells for cells in sizes.values())]
-        columns = _markdown_columns(present, floor)
-        n = _any(next(iter(sizes.values()))).world_size
-        # the note less its busbw clause: these tables show no bandwidth
-        note = "; ".join(part for part in CASES[op].note.split("; ") if not part.startswith("busbw"))
-        lines += [f"{'#' * level} {op}, {n} ranks", ""] + ([note, ""] if note else [])
-        body = [[cell(c) for _, cell in columns] for c in sizes.values()]
-        lines += _markdown_table([name for name, _ in columns], body)
-        lines.append("")
-    return lines
-
-
-def markdown_summary(rows: list[Row], series: list[Series]) -> list[str]:
-    """Per op, each reference's time over each asyncdist series' (geometric mean over
-    sizes) and the facade's median overhead, as a Markdown table; none if neither ran."""
-    pairs = [(ref, s) for ref in _references(series) for s in series if not s.reference]
-    per_pair = [ratios(rows, s, ref) for ref, s in pairs]
-    overheads = facade_overheads(rows)
-    if not any(per_pair) and not overheads:
-        return []
-    headings = ["op", *(f"{ref.label} / {s.label}" for ref, s in pairs), "facade overhead (us)"]
-    body = [[op, *(_num(ratio.get(op)) for ratio in per_pair), _num(overheads.get(op), "+.1f")]
-            for op in _grouped(rows)]
-    return _markdown_table(headings, body)
-
 def facade_overheads(rows: list[Row]) -> dict[str, float]:
     """Per op, the median over sizes <= OVERHEAD_MAX_BYTES of facade time - await time (us)."""
     result = {}
-    for op, sizes in _grouped(rows).items():
-        known = [d for cells in sizes.values() if (d := _overhead(cells)) is not None]
+    for op, sizes in grouped(rows).items():
+        known = [d for cells in sizes.values() if (d := overhead_of(cells)) is not None]
         if known:
             result[op] = statistics.median(known)
     return result
@@ -308,8 +229,8 @@ def facade_overheads(rows: list[Row]) -> dict[str, float]:
 def ratios(rows: list[Row], mine: Series, ref: Series) -> dict[str, float]:
     """Per op, the geometric mean over sizes of ``ref``'s time / ``mine``'s time."""
     result = {}
-    for op, sizes in _grouped(rows).items():
-        known = [r for cells in sizes.values() if (r := _ratio(cells, mine, ref))]
+    for op, sizes in grouped(rows).items():
+        known = [r for cells in sizes.values() if (r := ratio_of(cells, mine, ref))]
         if known:
             result[op] = math.exp(statistics.fmean(math.log(r) for r in known))
     return result
@@ -340,7 +261,7 @@ def stats_lines(rows: list[Row]) -> list[str]:
 def summary(rows: list[Row], series: list[Series]) -> list[str]:
     """Closing lines: the ratio per op, and the facade's overhead against its target."""
     lines = [""]
-    for ref in _references(series):
+    for ref in references(series):
         for s in (s for s in series if not s.reference):
             per_op = ratios(rows, s, ref)
             if per_op:
@@ -373,7 +294,7 @@ def _row_json(row: Row, cells: Cells) -> dict[str, Any]:
     }
     if not row.series.reference:
         for ref in (s for s in cells if s.reference):
-            out[f"{ref.library}_ratio"] = _ratio(cells, row.series, ref)
+            out[f"{ref.library}_ratio"] = ratio_of(cells, row.series, ref)
     if row.overhead_us is not None:
         out["facade_overhead_us"] = row.overhead_us
     return out
@@ -384,7 +305,7 @@ def to_json(
     floor: Floor | None = None,
 ) -> dict[str, Any]:
     """The machine-readable report: one entry in ``rows`` per (op, size, library, api)."""
-    grouped = _grouped(rows)
+    by_op = grouped(rows)
     config = {
         "world_size": plan.world_size,
         "dtype": plan.dtype,
@@ -403,7 +324,7 @@ def to_json(
         "command": command,
         "environment": env,
         "config": config,
-        "rows": [_row_json(row, grouped[row.op][row.nbytes]) for row in rows],
+        "rows": [_row_json(row, by_op[row.op][row.nbytes]) for row in rows],
         "facade_overhead_us": facade_overheads(rows),
         "floor_us": None if floor is None else {
             "floor": floor.us, "blocking": floor.blocking_us, floor.loop: floor.uvloop_us, "shm": floor.shm_us},

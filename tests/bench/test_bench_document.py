@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from asyncdist.bench import memcpy, mpi, plot, report
+from asyncdist.bench import markdown, memcpy, mpi, plot
 from asyncdist.bench.cli import main
 from asyncdist.bench.floor import Floor
 from asyncdist.bench.plan import SERIES, Series
@@ -41,7 +41,7 @@ def test_markdown_tables_show_times_floors_overhead_and_ratios() -> None:
         row(AWAIT, "all_reduce", 1 << 20, 1234.0), row(FACADE, "all_reduce", 1 << 20, 1300.0),
         row(GLOO, "all_reduce", 1 << 20, 3702.0),
     ]
-    lines = report.markdown_tables(rows, [AWAIT, FACADE, GLOO], Floor(10.0, 12.0, "uvloop"))
+    lines = markdown.markdown_tables(rows, [AWAIT, FACADE, GLOO], Floor(10.0, 12.0, "uvloop"))
     assert lines[:2] == ["### all_reduce, 2 ranks", ""]  # no note: its busbw clause is all it has
     assert lines[2] == ("| size | asyncdist (us) | asyncdist xfloor | asyncdist facade (us) | asyncdist facade xfloor "
                         "| gloo (us) | facade overhead (us) | gloo / asyncdist | gloo / asyncdist facade |")
@@ -57,7 +57,7 @@ def test_markdown_tables_show_times_floors_overhead_and_ratios() -> None:
 
 
 def test_markdown_tables_leave_out_columns_no_row_has() -> None:
-    lines = report.markdown_tables([row(AWAIT, "barrier", 0, 30.0)], [AWAIT, FACADE, GLOO])
+    lines = markdown.markdown_tables([row(AWAIT, "barrier", 0, 30.0)], [AWAIT, FACADE, GLOO])
     assert lines[2] == "time per barrier"
     assert lines[4] == "| size | asyncdist (us) |"  # no floor given, no facade or gloo row
     assert lines[6] == "| - | 30.0 |"
@@ -66,14 +66,14 @@ def test_markdown_tables_leave_out_columns_no_row_has() -> None:
 def test_markdown_summary_is_the_geometric_mean_of_the_ratios() -> None:
     rows = [row(AWAIT, "broadcast", 8, 10.0), row(GLOO, "broadcast", 8, 40.0),
             row(AWAIT, "broadcast", 64, 10.0), row(GLOO, "broadcast", 64, 10.0)]
-    assert report.markdown_summary(rows, [AWAIT, GLOO]) == [
+    assert markdown.markdown_summary(rows, [AWAIT, GLOO]) == [
         "| op | gloo / asyncdist |", "|---|---:|", f"| broadcast | {(4.0 * 1.0) ** 0.5:.2f} |"]
 
 
 @pytest.mark.parametrize(("nbytes", "text"),
                          [(0, "-"), (8, "8 B"), (1000, "1000 B"), (1024, "1 KiB"), (64 << 20, "64 MiB")])
 def test_size_text(nbytes: int, text: str) -> None:
-    assert report.size_text(nbytes) == text
+    assert markdown.size_text(nbytes) == text
 
 
 # -- the copy-bandwidth bound --------------------------------------------------------------
