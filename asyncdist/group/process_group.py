@@ -21,11 +21,10 @@ once; the ``async`` methods complete it.
 
 from __future__ import annotations
 
-import functools
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence
 
 from ..engine.channel import Channel
 from ..engine.engine import Engine
@@ -36,6 +35,7 @@ from .calls import CallReservation, Calls
 from .closers import Closers
 from .collectives import Collectives
 from .devices import Devices
+from .forwarding import completion, host_or_device, objects_of
 from .fault import FaultTolerance
 from .growth import grow
 from .members import Members
@@ -50,40 +50,6 @@ if TYPE_CHECKING:  # imported where a group is given NCCL (asyncdist.gpu.use_ncc
     from ..gpu.nccl import NcclBackend
 
 __all__ = ["ProcessGroup"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _collective(
-    method: Callable[Concatenate[Collectives, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[ProcessGroup, P], Coroutine[Any, Any, R]]:
-    """ProcessGroup's form of a host collective: device operands go to :class:`Devices`.
-
-    It returns the coroutine of the call that runs (the host one, or the
-    device one), not a coroutine of its own around it: one await less per call.
-    """
-
-    @functools.wraps(method)
-    def call(self: ProcessGroup, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-        if not any_device(args) and not (kwargs and any_device(kwargs.values())):
-            return method(self.collectives, *args, **kwargs)
-        return self.devices.collective(self, method, args, kwargs)
-
-    return call
-
-
-def _objects(
-    method: Callable[Concatenate[ObjectCollectives, P], Awaitable[R]],
-) -> Callable[Concatenate[ProcessGroup, P], Coroutine[Any, Any, R]]:
-    """ProcessGroup's form of an object collective."""
-
-    @functools.wraps(method)
-    async def call(self: ProcessGroup, *args: P.args, **kwargs: P.kwargs) -> R:
-        return await method(self.objects, *args, **kwargs)
-
-    return call
-
 
 class ProcessGroup:
     """A set of ranks that communicate; the world or a subgroup.
@@ -182,7 +148,7 @@ class ProcessGroup:
             OperationTimeoutError: not sent within the group's timeout.
         """
         if any_device((tensor,)):
-            return self._device_send(tensor, dst, tag)
+            return completion(lambda: self.devices.isend(tensor, dst, tag))
         return self.p2p.send(tensor, dst, tag)  # its coroutine, not one around it: one await less
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
@@ -203,38 +169,31 @@ class ProcessGroup:
             PeerLostError, OperationTimeoutError: as for :meth:`send`.
         """
         if any_device((tensor,)):
-            return self._device_recv(tensor, src, tag)
+            return completion(lambda: self.devices.irecv(tensor, src, tag))
         return self.p2p.recv(tensor, src, tag)
-
-    async def _device_send(self, tensor: Any, dst: int, tag: int) -> None:
-        await self.devices.isend(tensor, dst, tag)
-
-    async def _device_recv(self, tensor: Any, src: int | None, tag: int) -> int:
-        sender: int = await self.devices.irecv(tensor, src, tag)
-        return sender
 
     # -- collectives -------------------------------------------------------------------
 
-    barrier = _collective(Collectives.barrier)
-    broadcast = _collective(Collectives.broadcast)
-    all_reduce = _collective(Collectives.all_reduce)
-    all_reduce_coalesced = _collective(Collectives.all_reduce_coalesced)
-    reduce = _collective(Collectives.reduce)
-    all_gather = _collective(Collectives.all_gather)
-    all_gather_into_tensor = _collective(Collectives.all_gather_into_tensor)
-    gather = _collective(Collectives.gather)
-    scatter = _collective(Collectives.scatter)
-    reduce_scatter = _collective(Collectives.reduce_scatter)
-    reduce_scatter_tensor = _collective(Collectives.reduce_scatter_tensor)
-    all_to_all = _collective(Collectives.all_to_all)
-    all_to_all_single = _collective(Collectives.all_to_all_single)
+    barrier = host_or_device(Collectives.barrier)
+    broadcast = host_or_device(Collectives.broadcast)
+    all_reduce = host_or_device(Collectives.all_reduce)
+    all_reduce_coalesced = host_or_device(Collectives.all_reduce_coalesced)
+    reduce = host_or_device(Collectives.reduce)
+    all_gather = host_or_device(Collectives.all_gather)
+    all_gather_into_tensor = host_or_device(Collectives.all_gather_into_tensor)
+    gather = host_or_device(Collectives.gather)
+    scatter = host_or_device(Collectives.scatter)
+    reduce_scatter = host_or_device(Collectives.reduce_scatter)
+    reduce_scatter_tensor = host_or_device(Collectives.reduce_scatter_tensor)
+    all_to_all = host_or_device(Collectives.all_to_all)
+    all_to_all_single = host_or_device(Collectives.all_to_all_single)
 
-    broadcast_object_list = _objects(ObjectCollectives.broadcast_object_list)
-    all_gather_object = _objects(ObjectCollectives.all_gather_object)
-    gather_object = _objects(ObjectCollectives.gather_object)
-    scatter_object_list = _objects(ObjectCollectives.scatter_object_list)
-    send_object_list = _objects(ObjectCollectives.send_object_list)
-    recv_object_list = _objects(ObjectCollectives.recv_object_list)
+    broadcast_object_list = objects_of(ObjectCollectives.broadcast_object_list)
+    all_gather_object = objects_of(ObjectCollectives.all_gather_object)
+    gather_object = objects_of(ObjectCollectives.gather_object)
+    scatter_object_list = objects_of(ObjectCollectives.scatter_object_list)
+    send_object_list = objects_of(ObjectCollectives.send_object_list)
+    recv_object_list = objects_of(ObjectCollectives.recv_object_list)
 
     async def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
         """Return once every member has entered; otherwise fail, naming who did not.
