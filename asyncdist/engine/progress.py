@@ -14,10 +14,10 @@ same objects, worded by the same function:
 * a :class:`Progress` is what a :class:`~asyncdist.group.work.Work` holds: the
   steps its operation has opened so far. A coroutine started as a Work
   (:meth:`~asyncdist.group.work.Work.start`) runs in a context whose
-  :data:`_CURRENT` is its Progress, so every collective call it makes,
+  :data:`CURRENT` is its Progress, so every collective call it makes,
   itself or in tasks it starts, registers there (:func:`register`) without
   any signature changing, the way a tracing span is found (this is why
-  :data:`_CURRENT` stays a context variable). Code that runs
+  :data:`CURRENT` stays a context variable). Code that runs
   outside a Work (a plain ``await``, the facade without ``async_op``)
   registers nothing and pays one context-variable lookup per call;
 * :func:`timeout_message` is the one wording of every operation timeout.
@@ -174,18 +174,14 @@ class Progress:
         return OperationTimeoutError(timeout_message(self.rank, where, seconds, awaited, why=WAIT_TIMEOUT))
 
 
-# The Progress of the Work whose operation the running code belongs to.
-_CURRENT: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("asyncdist_progress", default=None)
-
-
-#: The Progress of the Work this code runs for, if any: ``progress = CURRENT.get()``
-#: (a step made on the hot path registers inline, without calling :func:`register`).
-CURRENT = _CURRENT
+#: The Progress of the Work this code runs for, if any (a step made on the hot
+#: path reads it inline, :meth:`~asyncdist.engine.channel.Channel.__init__`).
+CURRENT: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("asyncdist_progress", default=None)
 
 
 def register(step: Step) -> None:
     """Add ``step`` to the Progress of the Work this code runs for, if any (loop thread)."""
-    progress = _CURRENT.get()
+    progress = CURRENT.get()
     if progress is not None:
         progress.add(step)
 
@@ -193,5 +189,5 @@ def register(step: Step) -> None:
 def context_for(progress: Progress) -> contextvars.Context:
     """A copy of the current context in which :func:`register` reports to ``progress``."""
     context = contextvars.copy_context()
-    context.run(_CURRENT.set, progress)
+    context.run(CURRENT.set, progress)
     return context

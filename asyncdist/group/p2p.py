@@ -167,7 +167,7 @@ class PointToPoint:
     def _send_in_order(self, dst: int, send: Callable[[], asyncio.Future | None]) -> asyncio.Future | None:
         """Run ``send`` now, or after the device sends to ``dst`` still copying (so
         that no send overtakes an earlier one); returns its future."""
-        if not self._gates or dst not in self._gates or _MY_TURN.get():
+        if dst not in self._gates or _MY_TURN.get():
             return send()
         previous, gate = self.queue_send(dst)
 
