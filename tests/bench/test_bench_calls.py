@@ -112,4 +112,4 @@ def test_the_command_line_counts_and_names_the_facades_files(capsys: pytest.Capt
     files = found.group(6).split()
     assert every == len(files) and files == sorted(files)
     assert some == len(found.group(7).splitlines())
-    assert {"asyncdist/facade/reductions.py", "asyncdist/group/process_group.py"} <= set(files)
+    assert {"asyncdist/facade/reductions.py", "asyncdist/group/forwarding.py"} <= set(files)
