@@ -44,10 +44,10 @@ from .work import Work
 if TYPE_CHECKING:  # imported where a group is given NCCL (asyncdist.gpu.use_nccl)
     from ..gpu.nccl import NcclBackend
 
-__all__ = ["Devices"]
+__all__ = ["Devices", "DeviceGroup"]
 
 
-class _Group(StagingGroup, Protocol):
+class DeviceGroup(StagingGroup, Protocol):
     """The ProcessGroup, as its device collectives see it (it cannot be imported here)."""
 
     @property
@@ -105,7 +105,7 @@ class Devices:
         self._p2p = p2p
         self.nccl: NcclBackend | None = None
 
-    async def collective(self, group: _Group, method: Callable[..., Awaitable[Any]], args: tuple, kwargs: dict) -> Any:
+    async def collective(self, group: DeviceGroup, method: Callable[..., Awaitable[Any]], args: tuple, kwargs: dict) -> Any:
         """Run collective ``method`` (a host method of ``group``) with device operands.
 
         Args:

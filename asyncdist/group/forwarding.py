@@ -9,15 +9,13 @@ call). Object collectives forward to :class:`~.objects.ObjectCollectives`.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, TypeVar
+from typing import Any, Awaitable, Callable, Concatenate, Coroutine, ParamSpec, Protocol, TypeVar
 
 from ..gpu.device import any_device
 from .collectives import Collectives
+from .devices import DeviceGroup, Devices
 from .objects import ObjectCollectives
 from .work import Work
-
-if TYPE_CHECKING:
-    from .process_group import ProcessGroup
 
 __all__ = ["host_or_device", "objects_of", "completion"]
 
@@ -25,9 +23,19 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class _Parts(DeviceGroup, Protocol):
+    """What a forwarded method reads of its ProcessGroup (no import of it: no cycle)."""
+
+    @property
+    def objects(self) -> ObjectCollectives: ...
+
+    @property
+    def devices(self) -> Devices: ...
+
+
 def host_or_device(
     method: Callable[Concatenate[Collectives, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[ProcessGroup, P], Coroutine[Any, Any, R]]:
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
     """ProcessGroup's form of a host collective: device operands go to :class:`~.devices.Devices`.
 
     It returns the coroutine of the call that runs (the host one, or the
@@ -35,7 +43,7 @@ def host_or_device(
     """
 
     @functools.wraps(method)
-    def call(self: ProcessGroup, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+    def call(self: _Parts, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
         if not any_device(args) and not (kwargs and any_device(kwargs.values())):
             return method(self.collectives, *args, **kwargs)
         return self.devices.collective(self, method, args, kwargs)
@@ -45,11 +53,11 @@ def host_or_device(
 
 def objects_of(
     method: Callable[Concatenate[ObjectCollectives, P], Awaitable[R]],
-) -> Callable[Concatenate[ProcessGroup, P], Coroutine[Any, Any, R]]:
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
     """ProcessGroup's form of an object collective."""
 
     @functools.wraps(method)
-    async def call(self: ProcessGroup, *args: P.args, **kwargs: P.kwargs) -> R:
+    async def call(self: _Parts, *args: P.args, **kwargs: P.kwargs) -> R:
         return await method(self.objects, *args, **kwargs)
 
     return call
