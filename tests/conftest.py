@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Callable, Mapping
+from typing import AsyncIterator, Callable, Mapping
 
 import pytest
+import pytest_asyncio
+
+from asyncdist.testing import virtual_time
 
 try:
     import uvloop
@@ -19,6 +22,18 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> M
     if uvloop is not None:
         factories["uvloop"] = uvloop.new_event_loop
     return factories
+
+
+@pytest_asyncio.fixture
+async def virtual_clock() -> AsyncIterator[bool]:
+    """The test runs on virtual time where its loop allows: timeouts, heartbeats and
+    the close linger of a lost peer pass at once on asyncio's loop (yields True);
+    uvloop's clock is libuv's, so its run of the same test waits them out (False)."""
+    if isinstance(asyncio.get_running_loop(), asyncio.BaseEventLoop):
+        with virtual_time():
+            yield True
+    else:
+        yield False
 
 
 # Property tests: reproducible in CI (CI=true), exploring locally.

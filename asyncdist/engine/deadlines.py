@@ -15,6 +15,11 @@ the earliest time left. In a steady stream of operations that all take the
 group's timeout, the timer is armed once and fires once per timeout, not
 once per operation.
 
+Deadlines are times on the loop's clock. Where that clock is
+``time.monotonic`` (asyncio's own loop, uvloop), an operation reads it
+directly, which costs no Python call; on any other clock (the virtual time
+of :mod:`asyncdist.testing.virtual_time`) it reads ``loop.time()``.
+
 Loop thread only.
 """
 
@@ -23,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Protocol
+import time
+from typing import Callable, Protocol
 
-__all__ = ["Deadlines", "Timed"]
+__all__ = ["Deadlines", "Timed", "clock_of"]
 
 log = logging.getLogger("asyncdist.engine.deadlines")
 
@@ -38,6 +44,13 @@ class Timed(Protocol):
         ...
 
 
+def clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """The cheapest function that reads ``loop``'s clock."""
+    if type(loop).time is asyncio.BaseEventLoop.time or type(loop).__module__ == "uvloop":
+        return time.monotonic
+    return loop.time
+
+
 class Deadlines:
     """The open operations of one rank, and the one timer that serves them.
 
@@ -46,15 +59,24 @@ class Deadlines:
             opened). An operation adds itself as it opens and removes itself
             as it closes, without a call.
         next_at: when the timer fires (loop time; inf: it is not armed).
+        clock: reads the loop's clock, on which every deadline is a time.
+
+    The rank's loop is the running one when the timer is first armed, unless
+    :meth:`bind` named it before.
     """
 
-    __slots__ = ("open", "next_at", "_timer", "_loop")
+    __slots__ = ("open", "next_at", "clock", "_timer", "_loop")
 
     def __init__(self) -> None:
         self.open: dict[Timed, None] = {}
+        self.clock = time.monotonic
         self.next_at = math.inf
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve the deadlines with ``loop``'s timer and clock (before any is armed)."""
+        self._loop, self.clock = loop, clock_of(loop)
 
     def arm(self, when: float) -> None:
         """Fire at ``when`` (loop time), sooner than the timer is armed for now."""

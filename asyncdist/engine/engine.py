@@ -115,6 +115,7 @@ class Engine:
     async def listen(self, host: str, listener: socket.socket | None = None) -> tuple[str, int]:
         """Listen on an ephemeral port of ``host`` (or ``listener``); return (host, port) to publish."""
         self._loop = self.flight.dumps.loop = asyncio.get_running_loop()
+        self.deadlines.bind(self._loop)
         self._rings = ShmPoller(self._loop, spin_seconds())
         self.address = await self._mesh.listen(host, listener)
         self._heartbeat.start()

@@ -177,11 +177,13 @@ class Operation:
         self.members = members
         self.timeout = timeout
         self.closed = False
-        posted = CLOCK()  # the loop's clock
-        self.deadline = posted + timeout
+        posted = CLOCK()  # the flight recorder's clock
+        self._deadlines = deadlines = engine.deadlines
+        now = deadlines.clock()  # the loop's: the same, but on virtual time
+        self.deadline = now + timeout
         flight = engine.flight
         hang_warn = flight.hang_warn
-        self._warn_at = posted + hang_warn if hang_warn else None
+        self._warn_at = now + hang_warn if hang_warn else None
         # What it waits on, by future: the group ranks it receives from, or sends to.
         self._receiving: dict[asyncio.Future, tuple[int, ...]] = {}
         self._sending: dict[asyncio.Future, tuple[int, ...]] = {}
@@ -190,7 +192,6 @@ class Operation:
         self._withdraw: Callable[[], Any] | None = None
         self._later_at: float | None = None  # see if_still_open
         self._later: Callable[[], Any] | None = None
-        self._deadlines = deadlines = engine.deadlines
         if timed:
             deadlines.open[self] = None
             first = self.deadline if self._warn_at is None else min(self.deadline, self._warn_at)
@@ -261,7 +262,7 @@ class Operation:
         """Call ``callback`` if it is still open ``seconds`` from now (on the rank's
         one timer): what a call does only when it takes long (a rooted
         call's announcement, :mod:`asyncdist.group.calls`) costs nothing when it does not."""
-        self._later_at, self._later = CLOCK() + seconds, callback
+        self._later_at, self._later = self._deadlines.clock() + seconds, callback
         deadlines = self._deadlines
         if self._later_at < deadlines.next_at and self in deadlines.open:
             deadlines.arm(self._later_at)

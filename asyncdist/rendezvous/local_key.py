@@ -9,7 +9,10 @@ only this user can read, kept in a private directory of the host's temporary
 directory (``/tmp/asyncdist-<uid>/store.key``, mode 0600 in a 0700 directory).
 Another user's process can reach the port but cannot read the key, so it is
 refused before it can read or write a single store key; the job's own secret
-then travels through an authenticated store.
+then travels through an authenticated store. Another user who makes that
+directory first cannot block such jobs: every rank then finds it held by
+someone else and keeps the key in this user's cache directory instead
+(``~/.cache/asyncdist/store.key``), with the same checks.
 
 This module owns the key's file and its checks. It must not know stores or
 sockets. It is not used for a store that listens beyond loopback (other hosts
@@ -23,6 +26,7 @@ ranks that start together all read the same key.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import stat
@@ -32,12 +36,31 @@ from ..errors import RendezvousError
 
 __all__ = ["local_key", "local_key_path"]
 
+log = logging.getLogger("asyncdist.rendezvous")
+
 _KEY_NAME = "store.key"
+_CACHE_DIR = "~/.cache/asyncdist"  # where the key goes when another user holds the shared name
+
+
+def _shared_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"asyncdist-{os.getuid()}")
+
+
+def _owner(path: str) -> int:
+    try:
+        return os.lstat(path).st_uid
+    except FileNotFoundError:
+        return os.getuid()
 
 
 def local_key_path() -> str:
-    """Where this user's key lives on this host (the file may not exist yet)."""
-    return os.path.join(tempfile.gettempdir(), f"asyncdist-{os.getuid()}", _KEY_NAME)
+    """Where this user's key lives on this host (the file may not exist yet): in the
+    host's temporary directory, unless another user holds the directory's name there;
+    then in this user's cache directory."""
+    shared = _shared_dir()
+    if _owner(shared) == os.getuid():
+        return os.path.join(shared, _KEY_NAME)
+    return os.path.join(os.path.expanduser(_CACHE_DIR), _KEY_NAME)
 
 
 def _check_private(path: str, st: os.stat_result, kind: str) -> None:
@@ -49,6 +72,7 @@ def _check_private(path: str, st: os.stat_result, kind: str) -> None:
 
 
 def _private_dir(directory: str) -> None:
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
     try:
         os.mkdir(directory, 0o700)
     except FileExistsError:
@@ -83,6 +107,9 @@ def local_key() -> bytes:
     """
     path = local_key_path()
     directory = os.path.dirname(path)
+    if directory != _shared_dir():
+        log.warning("%s belongs to uid %d, not to this user: this user's store key is kept in %s instead",
+                    _shared_dir(), _owner(_shared_dir()), directory)
     try:
         _private_dir(directory)
         key = _read(path)

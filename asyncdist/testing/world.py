@@ -16,21 +16,34 @@ from typing import AsyncIterator
 from ..group.process_group import ProcessGroup
 from ..rendezvous.hash_store import HashStore
 from ..group.world import init_world
+from .virtual_time import virtual_time as _virtual_time
 
 __all__ = ["local_world", "crash"]
 
 
 @contextlib.asynccontextmanager
-async def local_world(n: int, *, timeout: timedelta | float = 60.0) -> AsyncIterator[list[ProcessGroup]]:
+async def local_world(
+    n: int, *, timeout: timedelta | float = 60.0, virtual_time: bool = False,
+) -> AsyncIterator[list[ProcessGroup]]:
     """Start ``n`` ranks in this loop; yield their world groups, indexed by rank.
 
-    Every group is closed on exit, also when the body raises.
+    Every group is closed on exit, also when the body raises. With
+    ``virtual_time``, the loop runs on :func:`~asyncdist.testing.virtual_time`
+    from the rendezvous to the last close: timeouts, heartbeats and hang
+    warnings cost no real time (asyncio's own loop only).
 
     Example::
 
         async with local_world(4) as ranks:
             await asyncio.gather(*(g.barrier() for g in ranks))
     """
+    with _virtual_time() if virtual_time else contextlib.nullcontext():
+        async with _ranks(n, timeout) as ranks:
+            yield ranks
+
+
+@contextlib.asynccontextmanager
+async def _ranks(n: int, timeout: timedelta | float) -> AsyncIterator[list[ProcessGroup]]:
     store = HashStore()
     results = await asyncio.gather(
         *(init_world(store=store, rank=r, world_size=n, timeout=timeout, group_name=f"local{n}") for r in range(n)),

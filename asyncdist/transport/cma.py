@@ -31,6 +31,7 @@ Settings (environment):
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import sys
 import threading
@@ -42,7 +43,7 @@ import numpy as np
 
 from .. import settings
 from ..buffers.scratch import pool
-from ..errors import ProtocolError
+from ..errors import PeerLostError, ProtocolError
 from ..wire.handshake import PROBE_BYTES, MemoryToken, PeerMemoryReader, valid_token
 
 __all__ = [
@@ -168,8 +169,8 @@ class PeerMemory:
             remote = _IoVec(addr + done, total - done)
             count = _process_vm_readv(self.pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
             if count <= 0:
-                errno = ctypes.get_errno() if count < 0 else 0
-                raise OSError(errno, f"cannot read {total - done} bytes of process {self.pid}: {os.strerror(errno)}")
+                code = ctypes.get_errno() if count < 0 else 0
+                raise OSError(code, f"cannot read {total - done} bytes of process {self.pid}: {os.strerror(code)}")
             done += count
 
 
@@ -190,6 +191,8 @@ def read_payload(memory: PeerMemoryReader | None, peer: int, dest: memoryview, a
     """Copy rank ``peer``'s payload at ``addr`` in its memory into ``dest``.
 
     Raises:
+        PeerLostError: the peer's process ended while its payload was read
+            (a sender killed while it waited for this read).
         ProtocolError: this process cannot read the peer's memory (None), or
             the peer named memory it does not have.
     """
@@ -198,6 +201,8 @@ def read_payload(memory: PeerMemoryReader | None, peer: int, dest: memoryview, a
     try:
         memory.read_into(dest, addr)
     except OSError as exc:
+        if exc.errno == errno.ESRCH:  # no such process, or one that has released its memory
+            raise PeerLostError(f"rank {peer}'s process ended while its payload was read from its memory", peer) from exc
         raise ProtocolError(f"cannot read rank {peer}'s payload from its memory: {exc}") from exc
 
 
@@ -209,7 +214,7 @@ def fold_payload(
     ``fold(piece, offset)`` at once.
 
     Raises:
-        ProtocolError: as for :func:`read_payload`.
+        PeerLostError, ProtocolError: as for :func:`read_payload`.
     """
     block = pool.take_bytes(min(nbytes, FOLD_PIECE_BYTES))
     try:

@@ -309,7 +309,9 @@ class Connection:
 
     def _broken(self, exc: Exception) -> None:
         """The peer's frames (from the socket or the ring) could not be handled: drop it, saying why."""
-        if isinstance(exc, ProtocolError):
+        if isinstance(exc, PeerLostError):  # its process ended under a read of its memory
+            self._lose(str(exc), exc)
+        elif isinstance(exc, ProtocolError):
             log.error("rank %d broke the wire protocol: %s", self.peer, exc)
             self._lose(f"rank {self.peer} broke the wire protocol: {exc}", exc)
         else:

@@ -213,24 +213,30 @@ def _check_speaker(fields: dict) -> None:
         raise HandshakeError(f"protocol version mismatch: this rank speaks {PROTOCOL_VERSION}, the peer {version!r}")
 
 
-def _check_hello(fields: dict, me: Identity) -> int:
-    """Check a HELLO's magic, version, job, rank and addressee; return the peer's rank.
+def _check_hello(fields: dict, me: Identity) -> tuple[int, int]:
+    """Check a HELLO's magic, version and job; return the rank it claims and the one it dialed.
 
     Every reason goes back to a peer that has not authenticated, so none names
     this rank's job, rank or world size (docs/reliability.md: the job id is
     not secret, but a rank does not tell a stranger which job it serves).
+    Whether the claimed ranks fit this rank is checked only once the peer has
+    proven the secret (:func:`_check_claims`): a stranger who knows the job
+    id gets the same CHALLENGE whatever ranks it claims, so it cannot learn
+    the world size or this rank's number from which claims pass.
     """
     _check_speaker(fields)
     job = fields.get("job")
     if job != me.job_id:
         raise HandshakeError(f"job id mismatch: the peer's job {job!r:.80} is not this rank's")
-    rank = _field(fields, "rank", int)
+    return _field(fields, "rank", int), _field(fields, "to", int)
+
+
+def _check_claims(rank: int, to: int, me: Identity) -> None:
+    """Check an authenticated peer's claims: its rank is another of this job's, and it dialed this rank."""
     if not 0 <= rank < me.world_size or rank == me.rank:
         raise HandshakeError(f"the peer claims rank {rank}, not a valid peer of this rank")
-    to = _field(fields, "to", int)
     if to != me.rank:
         raise HandshakeError(f"the peer dialed rank {to}, and this is another rank (a stale address?)")
-    return rank
 
 
 def _memory(token: object) -> bytes:
@@ -343,33 +349,42 @@ class Acceptor(PeerAccess):
     def __init__(self, me: Identity, nonce: bytes | None = None, memory: SameHostMemory | None = None) -> None:
         super().__init__(me, memory, nonce)
         self.peer_rank = -1
+        self._claimed: tuple[int, int] | None = None  # (its rank, the rank it dialed), from the HELLO
         self._authenticated = False
 
     def on_hello(self, body: bytes) -> bytes:
-        """Check the dialer's HELLO; return the CHALLENGE message to send."""
+        """Check the dialer's HELLO; return the CHALLENGE message to send.
+
+        The MACs cover the pair of ranks the dialer names, so a peer that
+        dialed a stale address authenticates and is then told so.
+        """
         fields = decode_message(body, "HELLO")
-        peer = _check_hello(fields, self._me)
+        claimed = _check_hello(fields, self._me)
         peer_nonce = _field(fields, "nonce", bytes)
         if len(peer_nonce) < _NONCE_BYTES:
             raise HandshakeError("handshake nonce too short")
         self._peer_nonce = peer_nonce
-        self.peer_rank = peer
-        mac = self._mac(b"acceptor", peer_nonce, self._nonce, _pair(peer, self._me.rank))
+        self._claimed = claimed
+        mac = self._mac(b"acceptor", peer_nonce, self._nonce, _pair(*claimed))
         return encode_message(
             {"type": "CHALLENGE", "magic": MAGIC, "version": PROTOCOL_VERSION, "nonce": self._nonce, "mac": mac}
         )
 
     def on_auth(self, body: bytes) -> bytes:
-        """Verify the dialer's AUTH and try its probe; return the WELCOME message
-        to send (with this rank's probe, now that the dialer is authenticated)."""
-        if self.peer_rank < 0:
+        """Verify the dialer's AUTH and its claims, and try its probe; return the
+        WELCOME message to send (with this rank's probe, now that the dialer is
+        authenticated)."""
+        if self._claimed is None:
             raise ProtocolError("AUTH before HELLO")
         fields = decode_message(body, "AUTH")
         token = fields.get("memory")
-        pair = _pair(self.peer_rank, self._me.rank)
+        rank, to = self._claimed
+        pair = _pair(rank, to)
         expected = self._mac(b"dialer", self._nonce, self._peer_nonce, pair, _memory(token))
         if not hmac.compare_digest(expected, _field(fields, "mac", bytes)):
-            raise HandshakeError(f"a peer claiming rank {self.peer_rank} failed authentication (wrong job secret)")
+            raise HandshakeError(f"a peer claiming rank {rank} failed authentication (wrong job secret)")
+        _check_claims(rank, to, self._me)
+        self.peer_rank = rank
         self._authenticated = True
         self._probe(token)
         mac = self._mac(b"welcome", self._peer_nonce, self._nonce, pair, token_bytes(self._memory))

@@ -54,7 +54,7 @@ async def test_different_collectives_are_a_mismatch_and_the_group_stays_usable()
         np.testing.assert_array_equal(x, [3.0, 3.0])
 
 
-async def test_a_crashed_member_fails_a_collective_waiting_on_another_live_member() -> None:
+async def test_a_crashed_member_fails_a_collective_waiting_on_another_live_member(virtual_clock) -> None:
     async with local_world(3) as (a, b, c):
         # Rank 2 enters an all_reduce and waits on rank 1, which has not entered yet.
         waiting = asyncio.ensure_future(c.all_reduce(np.ones(2)))

@@ -238,7 +238,7 @@ async def test_operations_time_out_naming_the_operation() -> None:
     assert got[0] == 42.0
 
 
-async def test_losing_a_peer_fails_the_operations_that_wait_on_it() -> None:
+async def test_losing_a_peer_fails_the_operations_that_wait_on_it(virtual_clock) -> None:
     async with local_world(3) as (a, b, c):
         waiting = c.irecv(np.zeros(1), 0)
         waiting_any = c.irecv(np.zeros(1), None, tag=1)

@@ -95,7 +95,6 @@ STRANGERS = {
     "wrong-version": (lambda job: _hello(job, version=PROTOCOL_VERSION + 98), "protocol version mismatch"),
     "wrong-magic": (lambda job: _hello(job, magic="torch"), "bad magic"),
     "wrong-job": (lambda job: _hello("another-job"), "job id mismatch"),
-    "invalid-rank": (lambda job: _hello(job, rank=7), "not a valid peer"),
 }
 
 
@@ -127,10 +126,12 @@ async def test_a_stranger_is_refused_and_logged(name: str, caplog) -> None:
         assert lines and "rank 0" in lines[0] and "127.0.0.1" in lines[0], [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.parametrize("claim", [1, 7], ids=["a-rank-of-the-job", "no-rank-of-the-job"])
 @pytest.mark.parametrize("mac", [b"", b"\x00" * 32], ids=["no-secret", "wrong-secret"])
-async def test_a_stranger_without_the_secret_is_refused_and_logged(mac: bytes, caplog) -> None:
+async def test_a_stranger_without_the_secret_is_refused_and_logged(mac: bytes, claim: int, caplog) -> None:
+    # Whatever rank it claims, it is answered alike: which claims pass would tell it the world size.
     async with _watched_world(caplog) as (a, _):
-        hello = _hello(a.engine.me.job_id)  # it knows the job id and claims rank 1
+        hello = _hello(a.engine.me.job_id, rank=claim)  # it knows the job id
         reply = await asyncio.to_thread(_talk, a.engine.address, hello, mac)
         assert b"REJECT" in reply and b"failed authentication" in reply
         assert _logged(caplog, "failed authentication (wrong job secret)")
@@ -143,8 +144,8 @@ async def test_a_stranger_without_the_secret_is_refused_and_logged(mac: bytes, c
             assert secret_of_the_rank not in reply
         rest = msgpack.Unpacker(raw=False)
         rest.feed(reply[PREFIX.size * 2 + len(msgpack.packb(challenge)):])
-        assert [m for m in rest] == [{"type": "REJECT", "reason": "a peer claiming rank 1 failed authentication "
-                                                                 "(wrong job secret)"}]
+        assert [m for m in rest] == [{"type": "REJECT", "reason": f"a peer claiming rank {claim} failed "
+                                                                 "authentication (wrong job secret)"}]
 
 
 async def test_a_stranger_is_not_told_the_job_id(caplog) -> None:

@@ -8,8 +8,12 @@ The inline path (``ASYNCDIST_CMA=0``) must give the same results.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
+import os
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -94,19 +98,34 @@ async def test_closing_waits_until_the_peer_has_read_the_payload(remote_sends: l
     assert remote_sends == [BIG * 8]
 
 
-async def test_a_payload_that_cannot_be_read_loses_the_peer_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
-    # What a sender that exits between its REMOTE header and the read looks like.
-    def vanished(self: cma.PeerMemory, dest: memoryview, addr: int) -> None:
-        raise OSError(3, "No such process")
+@pytest.mark.parametrize(("code", "match"), [
+    # A sender that exits between its REMOTE header and the read: it died, nothing more.
+    (errno.ESRCH, r"rank 0's process ended while its payload was read from its memory"),
+    # Memory it does not have: it broke the protocol.
+    (errno.EFAULT, r"rank 0 broke the wire protocol: cannot read rank 0's payload from its memory: \[Errno 14\]"),
+], ids=["sender-died", "bad-address"])
+async def test_a_payload_that_cannot_be_read_loses_the_peer_on_both_sides(
+    code: int, match: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def unreadable(self: cma.PeerMemory, dest: memoryview, addr: int) -> None:
+        raise OSError(code, os.strerror(code))
 
     async with local_world(2) as ranks:
-        monkeypatch.setattr(cma.PeerMemory, "read_into", vanished)
+        monkeypatch.setattr(cma.PeerMemory, "read_into", unreadable)
         sending = ranks[0].isend(np.ones(BIG, np.float32), 1)
-        with pytest.raises(PeerLostError, match="cannot read rank 0's payload from its memory") as info:
+        with pytest.raises(PeerLostError, match=match) as info:
             await ranks[1].recv(np.empty(BIG, np.float32), 0)
         assert info.value.rank == 0
         with pytest.raises(PeerLostError, match="rank 1"):
             await sending
+
+
+def test_reading_an_ended_process_says_that_it_ended() -> None:
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # reaped: its pid names no process now
+    with pytest.raises(PeerLostError, match="rank 3's process ended while its payload was read") as info:
+        cma.read_payload(cma.PeerMemory(ended.pid), 3, memoryview(bytearray(8)), 4096)
+    assert info.value.rank == 3 and isinstance(info.value.__cause__, ProcessLookupError)
 
 
 @pytest.mark.parametrize("path", ["by-memory", "inline", "arrived-first"])

@@ -342,14 +342,9 @@ def test_a_challenge_of_another_job_fails_authentication() -> None:
         ({"magic": MAGIC.encode()}, "bad magic"),
         ({"magic": ...}, "bad magic"),
         ({"job": ...}, "job id mismatch"),
-        ({"rank": WORLD}, "claims rank 4"),
-        ({"rank": -1}, "claims rank -1"),
-        ({"rank": 0}, "claims rank 0"),  # the acceptor's own rank
-        ({"rank": 2**63}, "claims rank 9223372036854775808"),
         ({"rank": True}, "'rank' is missing or not int"),
         ({"rank": "1"}, "'rank' is missing or not int"),
         ({"rank": ...}, "'rank' is missing or not int"),
-        ({"to": 2}, "dialed rank 2, and this is another rank"),
         ({"to": "0"}, "'to' is missing or not int"),
         ({"to": ...}, "'to' is missing or not int"),
         ({"nonce": NONCE_D[:15]}, "nonce too short"),
@@ -366,6 +361,48 @@ def test_bad_hello_refused(override: dict, match: str) -> None:
     with pytest.raises(HandshakeError, match=match):
         acceptor.on_hello(body(encode_message(hello_fields(**override))))
     assert acceptor.peer_rank == -1
+
+
+@pytest.mark.parametrize(
+    ("rank", "to", "match"),
+    [
+        (WORLD, 0, "claims rank 4, not a valid peer"),
+        (-1, 0, "claims rank -1, not a valid peer"),
+        (0, 0, "claims rank 0, not a valid peer"),  # the acceptor's own rank
+        (2**63, 0, "claims rank 9223372036854775808, not a valid peer"),
+        (1, 2, "dialed rank 2, and this is another rank"),
+        (1, WORLD + 5, "dialed rank 9, and this is another rank"),
+    ],
+)
+def test_claims_that_do_not_fit_are_refused_once_the_peer_has_proven_the_secret(rank: int, to: int, match: str) -> None:
+    # The acceptor is rank 0 of 4; the dialer holds the secret and claims (rank, to).
+    dialer = Dialer(me(rank), expected_peer=to, nonce=NONCE_D)
+    acceptor = Acceptor(me(0), nonce=NONCE_A)
+    auth = dialer.on_challenge(body(acceptor.on_hello(body(dialer.hello()))))
+    with pytest.raises(HandshakeError, match=match):
+        acceptor.on_auth(body(auth))
+    assert acceptor.peer_rank == -1
+
+
+def test_a_stranger_learns_nothing_from_which_claims_get_a_challenge() -> None:
+    # Knowing the job id but not the secret, it tries every (rank, to): each gets
+    # the same kind of CHALLENGE, and each AUTH fails alike, so no claim tells it
+    # the world size or the acceptor's rank.
+    outcomes = set()
+    for rank in range(-1, WORLD + 2):
+        for to in range(-1, WORLD + 2):
+            stranger = Dialer(me(rank, secret=b"guess"), expected_peer=to, nonce=NONCE_D)
+            acceptor = Acceptor(me(2), nonce=NONCE_A)
+            challenge = decode_message(body(acceptor.on_hello(body(stranger.hello()))), "CHALLENGE")
+            with pytest.raises(HandshakeError) as refused:  # its own check of the acceptor's MAC fails
+                stranger.on_challenge(msgpack.packb(challenge, use_bin_type=True))
+            auth = encode_message({"type": "AUTH", "mac": bytes(32), "memory": None})
+            with pytest.raises(HandshakeError) as auth_refused:
+                acceptor.on_auth(body(auth))
+            reason = str(auth_refused.value).replace(f"rank {rank}", "rank R")
+            outcomes.add((tuple(sorted(challenge)), "failed authentication" in str(refused.value), reason))
+    assert outcomes == {(("mac", "magic", "nonce", "type", "version"), True,
+                         "a peer claiming rank R failed authentication (wrong job secret)")}
 
 
 def _challenge_with(**overrides) -> bytes:
@@ -394,8 +431,10 @@ def test_dialer_expecting_rank_1_refuses_rank_2() -> None:
     challenge = challenge_from(acceptor_rank=2, dialer_rank=0)  # a MAC for the pair 0>2
     with pytest.raises(HandshakeError, match="rank 1 failed authentication .* not rank 1 of this job"):
         Dialer(me(0), expected_peer=1, nonce=NONCE_D).on_challenge(challenge)
+    dialer, acceptor = Dialer(me(0), expected_peer=1), Acceptor(me(2))  # a stale address: rank 2 answers
+    auth = dialer.on_challenge(body(acceptor.on_hello(body(dialer.hello()))))
     with pytest.raises(HandshakeError, match="dialed rank 1, and this is another rank") as refused:
-        Acceptor(me(2)).on_hello(body(Dialer(me(0), expected_peer=1).hello()))
+        acceptor.on_auth(body(auth))
     assert "rank 2" not in str(refused.value)
 
 
@@ -480,10 +519,8 @@ def test_fuzz_fields_into_on_hello(fields: dict) -> None:
         and type(fields["version"]) is int  # see test_version_must_be_the_int_1
         and fields["version"] == PROTOCOL_VERSION
         and fields["job"] == JOB
-        and type(fields["rank"]) is int
-        and 0 < fields["rank"] < WORLD
+        and type(fields["rank"]) is int  # any: whether it fits is checked after the AUTH
         and type(fields["to"]) is int
-        and fields["to"] == 0
         and type(fields["nonce"]) is bytes
         and len(fields["nonce"]) >= 16
     )
@@ -492,10 +529,9 @@ def test_fuzz_fields_into_on_hello(fields: dict) -> None:
         acceptor.on_hello(msgpack.packb(fields, use_bin_type=True))
     except ProtocolError:
         assert not valid
-        assert acceptor.peer_rank == -1
     else:  # a HELLO carries no proof, so any well-formed one is answered
         assert valid
-        assert acceptor.peer_rank == fields["rank"]
+    assert acceptor.peer_rank == -1  # known only once the peer has authenticated
 
 
 @pytest.mark.parametrize("version", [True, 1.0])
