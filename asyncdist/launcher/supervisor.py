@@ -55,8 +55,9 @@ __all__ = ["run_job", "FAILURE_EXIT_CODE"]
 FAILURE_EXIT_CODE = 1
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _DRAIN_SECONDS = 5.0  # how long output still in the pipes may take to arrive after the group ended
-# Seconds a failure that relays a peer's (PeerLostError) waits for the
-# failing peer's own exit, so that the launcher names the rank that failed first.
+# Seconds a failure that relays a peer's (PeerLostError, OperationTimeoutError)
+# waits for the failing peer's own exit, so that the launcher names the rank
+# that failed first, and the other victims write their dumps before the stop.
 _SETTLE_SECONDS = 2.0
 _LAST_WORDS_SECONDS = 0.2  # how long a failed worker's stderr is read on after its exit, at most
 _READY_SLICE = 1.0  # seconds per wait for node 0's next attempt, between looks at the signals
@@ -328,10 +329,11 @@ async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | N
                 return 0
             if isinstance(outcome, int):
                 return 128 + outcome
-            traces.report(job.trace_folder(restart_count))
+            cause = traces.report(job.trace_folder(restart_count), None if outcome.replacement else outcome.rank)
             if restart_count == last:
-                print(f"asyncdist-run: the job failed: {outcome.describe_exit()}"
-                      + (f", after {last} restarts" if last else ""), file=sys.stderr, flush=True)
+                first = f"{outcome.describe_exit()}" + (f", after {last} restarts" if last else "")
+                said = f"{cause} (from the flight-recorder dumps); the first worker to fail: {first}" if cause else first
+                print(f"asyncdist-run: the job failed: {said}", file=sys.stderr, flush=True)
                 return FAILURE_EXIT_CODE
             print(f"asyncdist-run: restarting the worker group ({restart_count + 1} of {last} restarts)",
                   file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from typing import BinaryIO, cast
 __all__ = ["Console", "Worker", "WorkerProtocol", "blame", "signal_name", "summary", "continuing_failure"]
 
 _TAIL_LINES = 10  # lines of a failed worker's stderr that the launcher repeats
+_RELAYED = (b"PeerLostError", b"OperationTimeoutError")  # errors that name another rank's failure
 
 
 def signal_name(signum: int) -> str:
@@ -67,7 +68,9 @@ class WorkerProtocol(asyncio.SubprocessProtocol):
         self._partial = {1: b"", 2: b""}
         self.tail: collections.deque[bytes] = collections.deque(maxlen=_TAIL_LINES)  # stderr's last lines
         self.error_at: float | None = None  # loop time of its first traceback on stderr
-        self.relays = False  # its stderr relays a peer's failure (PeerLostError)
+        # Its stderr relays a peer's failure: a PeerLostError, or an
+        # OperationTimeoutError (it waited for a peer in vain: a victim too).
+        self.relays = False
         self.exit_at = 0.0  # loop time of its exit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -89,11 +92,11 @@ class WorkerProtocol(asyncio.SubprocessProtocol):
             console.write(b"".join(self._prefix + line + b"\n" for line in lines))
 
     def _note_errors(self, lines: list[bytes]) -> None:
-        """Keep stderr's last lines, when it first showed a traceback, and whether it relays a peer's."""
+        """Keep stderr's last lines, when it first showed a traceback, and whether it relays a peer's failure."""
         for line in lines:
             if self.error_at is None and line.startswith(b"Traceback"):
                 self.error_at = asyncio.get_running_loop().time()
-            if b"PeerLostError" in line:
+            if any(name in line for name in _RELAYED):
                 self.relays = True
         self.tail.extend(lines)
 
@@ -153,8 +156,9 @@ def blame(failed: list[Worker], workers: list[Worker]) -> Worker:
     """The worker that failed first, given the ones that exited non-zero, in order.
 
     A rank that fails makes its peers fail a moment later with a
-    PeerLostError that names it, and a peer may exit before it (the failing
-    rank still runs its exit hooks). So the first to fail is the first to exit
+    PeerLostError that names it (or time out waiting for it), and a peer may
+    exit before it (the failing rank still runs its exit hooks). So the first
+    to fail is the first to exit
     non-zero without relaying a peer's error, else the first whose stderr
     showed a traceback that relays none, else the first to exit non-zero.
     """
