@@ -9,7 +9,9 @@ The process:
 2. listens on an ephemeral port, then registers in the store's waiting room
    with that address and a proof of the secret (:mod:`asyncdist.rendezvous.joins`);
 3. waits until the members call ``grow()``: its verdict is either a refusal
-   (raised, with the leader's reason) or an :class:`~.growth.Admission`;
+   (raised, with the leader's reason) or an :class:`~.growth.Admission`; if
+   the waiting room is closed first (the job ended, see
+   :func:`asyncdist.rendezvous.joins.close`) it raises ``JoinClosedError``;
 4. builds its engine under its new id, dials every member with the job's
    authenticated handshake and accepts the newcomers above it.
 
@@ -61,6 +63,7 @@ async def join(
         where: the store's address, for messages.
 
     Raises:
+        JoinClosedError: the job ended before any grow admitted this process.
         RendezvousError: no job runs at ``store`` within ``timeout``; the
             members refused this process (wrong secret); no grow came in time;
             a member could not be reached.

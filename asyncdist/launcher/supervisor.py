@@ -12,7 +12,9 @@ the first exit or signal that matters decides the attempt:
   the stores ready for it), else the launcher exits 1 (as torchrun does);
 * under ``--on-failure continue`` a worker that fails is reported and the
   others go on (a replacement is started in its place while ``--replace``
-  allows, to rejoin the job); the attempt ends when every worker has exited,
+  allows, to rejoin the job; once no rank is left to admit the replacements
+  still waiting, :mod:`.waiting_room` tells them so, and they exit); the
+  attempt ends when every worker has exited,
   with a summary of who finished and who died (:func:`~.workers.summary`);
   it failed if a worker exited with an error code of its own or none finished
   (:func:`~.workers.continuing_failure`);
@@ -45,7 +47,8 @@ from typing import BinaryIO, Callable, cast
 
 from . import traces
 from .job import Job, LaunchError
-from .workers import Console, Worker, WorkerProtocol, blame, continuing_failure, signal_name, summary
+from . import waiting_room
+from .workers import Console, Worker, WorkerProtocol, blame, continuing_failure, never_admitted, signal_name, summary
 from .gathering import report_gathering
 from .stores import JOIN_TIMEOUT
 
@@ -183,7 +186,7 @@ async def _run_continuing(job: Job, restart_count: int, signals: _Signals,
             workers.append(await _start(job, local_rank, restart_count, consoles))
         interrupted = asyncio.ensure_future(signals.wait_beyond(len(signals.received)))
         pending: set[asyncio.Future] = {interrupted, *(asyncio.ensure_future(_exit_of(w)) for w in workers)}
-        replaced = 0
+        replaced, closed = 0, False  # closed: the waiting room, once no rank is left to admit a replacement
         try:
             while pending != {interrupted}:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -194,9 +197,13 @@ async def _run_continuing(job: Job, restart_count: int, signals: _Signals,
                     if worker.protocol.exited.result() == 0:
                         continue
                     await asyncio.wait([worker.protocol.closed], timeout=_LAST_WORDS_SECONDS)
+                    if never_admitted(worker):
+                        print(f"asyncdist-run: {worker.name} was never admitted (the job ended before a grow)",
+                              file=sys.stderr, flush=True)
+                        continue
                     print(f"asyncdist-run: {worker.describe_exit()}; the other workers continue (--on-failure "
                           f"continue); the last lines of its stderr:{worker.stderr_tail()}", file=sys.stderr, flush=True)
-                    if replaced < job.config.replace:
+                    if replaced < job.config.replace and not closed:
                         replaced += 1
                         new = await _start(job, worker.local_rank, restart_count, consoles, replaced)
                         workers.append(new)
@@ -204,6 +211,9 @@ async def _run_continuing(job: Job, restart_count: int, signals: _Signals,
                         print(f"asyncdist-run: started replacement {replaced} of {job.config.replace} (pid {new.pid}) "
                               f"for worker {worker.name}; it joins the job when its ranks call grow_group()",
                               file=sys.stderr, flush=True)
+                if not closed and job.config.nnodes == 1 and waiting_room.still_waiting(workers):
+                    closed = True  # no rank is left to call grow_group(): the replacements must not wait for one
+                    await waiting_room.close(job.store, restart_count)
         finally:
             for task in pending:
                 task.cancel()

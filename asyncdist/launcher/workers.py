@@ -16,7 +16,8 @@ import signal
 from dataclasses import dataclass
 from typing import BinaryIO, cast
 
-__all__ = ["Console", "Worker", "WorkerProtocol", "blame", "signal_name", "summary", "continuing_failure"]
+__all__ = ["Console", "Worker", "WorkerProtocol", "blame", "signal_name", "summary", "continuing_failure",
+           "never_admitted"]
 
 _TAIL_LINES = 10  # lines of a failed worker's stderr that the launcher repeats
 _RELAYED = (b"PeerLostError", b"OperationTimeoutError")  # errors that name another rank's failure
@@ -71,6 +72,7 @@ class WorkerProtocol(asyncio.SubprocessProtocol):
         # Its stderr relays a peer's failure: a PeerLostError, or an
         # OperationTimeoutError (it waited for a peer in vain: a victim too).
         self.relays = False
+        self.not_admitted = False  # a replacement's stderr says it was never admitted (JoinClosedError)
         self.exit_at = 0.0  # loop time of its exit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -98,6 +100,8 @@ class WorkerProtocol(asyncio.SubprocessProtocol):
                 self.error_at = asyncio.get_running_loop().time()
             if any(name in line for name in _RELAYED):
                 self.relays = True
+            if b"JoinClosedError" in line:
+                self.not_admitted = True
         self.tail.extend(lines)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
@@ -171,14 +175,25 @@ def blame(failed: list[Worker], workers: list[Worker]) -> Worker:
     return failed[0]
 
 
+def never_admitted(worker: Worker) -> bool:
+    """A replacement that gave up waiting to join because the job ended (JoinClosedError)."""
+    return bool(worker.replacement) and worker.protocol.exited.result() != 0 and worker.protocol.not_admitted
+
+
 def summary(workers: list[Worker]) -> str:
-    """The launcher's last line under ``--on-failure continue``: who finished, who died and how."""
+    """The launcher's last line under ``--on-failure continue``: who finished, who
+    died and how, and (if any) the replacements that were never admitted."""
     finished = [w.name for w in workers if w.protocol.exited.result() == 0]
     died = []
-    for w in sorted((w for w in workers if w.protocol.exited.result() != 0), key=lambda w: w.protocol.exit_at):
+    for w in sorted((w for w in workers if w.protocol.exited.result() != 0 and not never_admitted(w)),
+                    key=lambda w: w.protocol.exit_at):
         code = w.protocol.exited.result()
         died.append(f"{w.name} ({signal_name(-code) if code < 0 else f'exit code {code}'})")
-    return f"asyncdist-run: finished: {', '.join(finished) or 'none'}; died: {', '.join(died) or 'none'}"
+    line = f"asyncdist-run: finished: {', '.join(finished) or 'none'}; died: {', '.join(died) or 'none'}"
+    idle = [w.name for w in workers if never_admitted(w)]
+    if idle:
+        line += f"; never admitted (the job ended before a grow): {', '.join(idle)}"
+    return line
 
 
 def continuing_failure(workers: list[Worker]) -> Worker | None:
@@ -187,9 +202,10 @@ def continuing_failure(workers: list[Worker]) -> Worker | None:
     A worker killed by a signal is the loss the job was meant to survive; one
     that exited with an error code of its own (an exception) failed the job,
     and so did every worker dying: the job succeeded when at least one
-    worker finished and none exited with an error code.
+    worker finished and none exited with an error code. A replacement never
+    admitted did no part of the job: its exit counts for nothing.
     """
-    by_exit = sorted(workers, key=lambda w: w.protocol.exit_at)
+    by_exit = sorted((w for w in workers if not never_admitted(w)), key=lambda w: w.protocol.exit_at)
     errors = [w for w in by_exit if w.protocol.exited.result() > 0]
     if errors:
         return errors[0]
