@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..flight.dumps import TRACE_DIR_ENV
 from ..trace.analyze import Finding, analyze
-from ..trace.load import Trace, load
+from ..trace.load import load
 
 __all__ = ["TRACE_DIR_ENV", "attempt_folder", "report", "cause"]
 
@@ -61,16 +61,15 @@ def report(folder: str | Path, first_failed: int | None = None) -> str | None:
     print(f"asyncdist-run: {len(dumps)} ranks' flight-recorder dumps are in {folder}; "
           f"read them with: asyncdist-trace analyze {folder}", file=sys.stderr, flush=True)
     try:
-        trace = load(folder)
-        findings = analyze(trace)
+        findings = analyze(load(folder))
     except Exception as exc:  # a best effort: a dump cut short by a kill must not stop the launcher's report
         print(f"asyncdist-run: the dumps could not be analyzed: {type(exc).__name__}: {exc}", file=sys.stderr,
               flush=True)
         return None
-    return cause(trace, findings, first_failed)
+    return cause(findings, first_failed)
 
 
-def cause(trace: Trace, findings: list[Finding], first_failed: int | None = None) -> str | None:
+def cause(findings: list[Finding], first_failed: int | None = None) -> str | None:
     """The finding that explains the failure, as the launcher's summary words it.
 
     A rank that the survivors report dead (``first_failed`` if it is one of
