@@ -45,9 +45,8 @@ import subprocess
 import sys
 from typing import BinaryIO, Callable, cast
 
-from . import traces
+from . import traces, waiting_room
 from .job import Job, LaunchError
-from . import waiting_room
 from .workers import Console, Worker, WorkerProtocol, blame, continuing_failure, never_admitted, signal_name, summary
 from .gathering import report_gathering
 from .stores import JOIN_TIMEOUT

@@ -162,9 +162,9 @@ def blame(failed: list[Worker], workers: list[Worker]) -> Worker:
     A rank that fails makes its peers fail a moment later with a
     PeerLostError that names it (or time out waiting for it), and a peer may
     exit before it (the failing rank still runs its exit hooks). So the first
-    to fail is the first to exit
-    non-zero without relaying a peer's error, else the first whose stderr
-    showed a traceback that relays none, else the first to exit non-zero.
+    to fail is the first to exit non-zero without relaying a peer's error,
+    else the first whose stderr showed a traceback that relays none, else the
+    first to exit non-zero.
     """
     for worker in failed:
         if not worker.protocol.relays:

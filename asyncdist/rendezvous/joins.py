@@ -46,15 +46,13 @@ from typing import Any
 from ..errors import JoinClosedError, RendezvousError, StoreTimeoutError
 from .store import Store
 
-__all__ = ["Registration", "register", "wait_verdict", "claim", "answer", "close", "JOIN_POLL_SECONDS",
-           "CLOSED_KEY"]
+__all__ = ["Registration", "register", "wait_verdict", "claim", "answer", "close", "JOIN_POLL_SECONDS"]
 
 _SLOT = "join/slot/{}"
 _VERDICT = "join/slot/{}/verdict"
 _CLAIM = "join/slot/{}/claimed"
 _NEXT = "join/next"
-#: Set once the waiting room is closed: no grow will come (:func:`close`).
-CLOSED_KEY = "join/closed"
+_CLOSED = "join/closed"  # set once the waiting room is closed: no grow will come (close())
 #: How often a grow that must wait for joiners (``min_joiners``) looks for a
 #: new registration: a store wait of this length, not a sleep.
 JOIN_POLL_SECONDS = 0.2
@@ -126,10 +124,10 @@ async def wait_verdict(store: Store, slot: int, deadline: float, what: str) -> d
     """
     key = _VERDICT.format(slot)
     while True:
-        if not await store.async_check([key]) and await store.async_check([CLOSED_KEY]):
-            why = (await store.async_get(CLOSED_KEY)).decode()
-            raise JoinClosedError(f"{what} was never admitted: the running job ended before any member called "
-                                  f"grow() ({why})")
+        if not await store.async_check([key]) and await store.async_check([_CLOSED]):
+            why = (await store.async_get(_CLOSED)).decode()
+            raise JoinClosedError(f"{what} was never admitted: the running job ended before a grow() took it "
+                                  f"in ({why})")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise RendezvousError(f"{what}: no member of the running job called grow() before the timeout; "
@@ -185,7 +183,7 @@ def close(store: Store, reason: str) -> None:
     For whoever knows that the job's ranks have all ended (``asyncdist-run``:
     only replacements waiting to join are left), so that no grow will come.
     """
-    store.set(CLOSED_KEY, reason)
+    store.set(_CLOSED, reason)
 
 
 async def answer(store: Store, verdicts: dict[int, dict[str, Any]]) -> None:

@@ -106,8 +106,8 @@ def test_a_replacement_never_admitted_is_told_when_the_ranks_have_exited(tmp_pat
     for rank in (0, 1):
         assert _lines(result.stdout, str(rank)) == ["lost: 2", f"rank {rank} of 2, ranks [0, 1]: sum {1 + 2}"]
     assert re.search(r"^\[rank \+1\]: asyncdist\.errors\.JoinClosedError: joining process \(pid \d+ on .+\) was "
-                     r"never admitted: the running job ended before any member called grow\(\) \(asyncdist-run: "
-                     r"every rank of the job has exited\)$", result.stderr, re.M), result.stderr
+                     r"never admitted: the running job ended before a grow\(\) took it in \(asyncdist-run: every "
+                     r"rank of the job has exited\)$", result.stderr, re.M), result.stderr
     assert "asyncdist-run: replacement 1 was never admitted (the job ended before a grow)" in result.stderr
     assert result.stderr.rstrip().endswith("asyncdist-run: finished: rank 0, rank 1; died: rank 2 (SIGKILL); never "
                                            "admitted (the job ended before a grow): replacement 1"), result.stderr

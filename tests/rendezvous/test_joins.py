@@ -61,8 +61,8 @@ async def test_a_closed_waiting_room_fails_its_waiters_at_once_but_not_an_answer
     waiter = asyncio.ensure_future(joins.wait_verdict(store, waiting, deadline, "joining process (pid 1 on here)"))
     asyncio.get_running_loop().call_soon(joins.close, store, "every rank of the job has exited")
     with pytest.raises(JoinClosedError, match=r"^joining process \(pid 1 on here\) was never admitted: the running "
-                                              r"job ended before any member called grow\(\) \(every rank of the job "
-                                              r"has exited\)$"):
+                                              r"job ended before a grow\(\) took it in \(every rank of the job has "
+                                              r"exited\)$"):
         await asyncio.wait_for(waiter, 10)  # within a poll (1 s), not the minute left to its deadline
     assert await joins.wait_verdict(store, answered, deadline, "joining process (pid 2 on here)") == \
         {"admitted": {"id": 7}}
