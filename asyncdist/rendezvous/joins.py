@@ -18,9 +18,9 @@ those of :mod:`asyncdist.group.bootstrap`:
   :mod:`asyncdist.group.growth`) or ``{"refused": "<why>"}``;
 * ``join/closed``: set (to the reason) once no grow will come, because the
   job's ranks have all ended (:func:`close`: ``asyncdist-run`` sets it when
-  only replacements waiting to join are left); a process waiting for its
-  verdict, or arriving later, raises :class:`~asyncdist.errors.JoinClosedError`
-  instead of waiting out its timeout.
+  only replacements waiting to join are left); a process waiting to join
+  (for the job's ranks, or for its verdict), or arriving later, raises
+  :class:`~asyncdist.errors.JoinClosedError` instead of waiting out its timeout.
 
 A registration carries a *proof*: HMAC-SHA256 of the job secret over its
 token, job id and address. The leader of a grow checks it before admitting
@@ -46,7 +46,7 @@ from typing import Any
 from ..errors import JoinClosedError, RendezvousError, StoreTimeoutError
 from .store import Store
 
-__all__ = ["Registration", "register", "wait_verdict", "claim", "answer", "close", "JOIN_POLL_SECONDS"]
+__all__ = ["Registration", "register", "wait_open", "wait_verdict", "claim", "answer", "close", "JOIN_POLL_SECONDS"]
 
 _SLOT = "join/slot/{}"
 _VERDICT = "join/slot/{}/verdict"
@@ -112,32 +112,46 @@ async def register(store: Store, registration: Registration) -> int:
         slot += 1
 
 
-async def wait_verdict(store: Store, slot: int, deadline: float, what: str) -> dict[str, Any]:
-    """Wait for the verdict on ``slot`` until ``deadline`` (time.monotonic),
-    or until the waiting room is closed (:func:`close`).
+async def wait_open(store: Store, key: str, deadline: float, what: str) -> bool:
+    """Wait until ``key`` is set (True) or ``deadline`` (time.monotonic)
+    passes (False), looking at least every second whether the waiting room
+    was closed: a joiner's every wait.
 
     Raises:
-        JoinClosedError: the waiting room was closed before a verdict came
-            (the job ended: no grow will come).
-        RendezvousError: no grow admitted or refused it in time (``what``
-            names this process in the message).
+        JoinClosedError: the waiting room was closed first (the job ended:
+            no grow will come); ``what`` names the process in the message.
     """
-    key = _VERDICT.format(slot)
     while True:
-        if not await store.async_check([key]) and await store.async_check([_CLOSED]):
+        if await store.async_check([key]):
+            return True
+        if await store.async_check([_CLOSED]):
             why = (await store.async_get(_CLOSED)).decode()
             raise JoinClosedError(f"{what} was never admitted: the running job ended before a grow() took it "
                                   f"in ({why})")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise RendezvousError(f"{what}: no member of the running job called grow() before the timeout; "
-                                  "the process gave up waiting to join")
+            return False
         try:
             await store.async_wait([key], min(remaining, _CLOSED_POLL_SECONDS))
         except StoreTimeoutError:
-            continue
-        verdict: dict[str, Any] = json.loads(await store.async_get(key))
-        return verdict
+            pass
+
+
+async def wait_verdict(store: Store, slot: int, deadline: float, what: str) -> dict[str, Any]:
+    """Wait for the verdict on ``slot`` until ``deadline`` (time.monotonic),
+    or until the waiting room is closed (:func:`close`).
+
+    Raises:
+        JoinClosedError: the waiting room was closed before a verdict came.
+        RendezvousError: no grow admitted or refused it in time (``what``
+            names this process in the message).
+    """
+    key = _VERDICT.format(slot)
+    if not await wait_open(store, key, deadline, what):
+        raise RendezvousError(f"{what}: no member of the running job called grow() before the timeout; "
+                              "the process gave up waiting to join")
+    verdict: dict[str, Any] = json.loads(await store.async_get(key))
+    return verdict
 
 
 async def claim(store: Store, at_least: int, deadline: float) -> list[tuple[int, Registration]]:

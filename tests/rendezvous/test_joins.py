@@ -4,7 +4,8 @@ Registrations take distinct slots even when made at once; a registration's
 proof checks with the secret it was made with and no other; two grows that
 claim at once never take one registration twice; a claim that runs out of
 time releases what it took, so that the next grow admits it; a closed
-waiting room fails the processes waiting in it, but not one already answered.
+waiting room fails the processes waiting in it (for their verdict, or for
+the job's ranks), but not one already answered.
 """
 
 from __future__ import annotations
@@ -67,5 +68,9 @@ async def test_a_closed_waiting_room_fails_its_waiters_at_once_but_not_an_answer
     assert await joins.wait_verdict(store, answered, deadline, "joining process (pid 2 on here)") == \
         {"admitted": {"id": 7}}
     later = await joins.register(store, _registration(3))  # arrives after the close
-    with pytest.raises(JoinClosedError):
+    with pytest.raises(JoinClosedError, match=r"^joining process \(pid 3 on here\) was never admitted"):
         await asyncio.wait_for(joins.wait_verdict(store, later, deadline, "joining process (pid 3 on here)"), 10)
+    with pytest.raises(JoinClosedError, match=r"^joining process \(pid 4 on here\) was never admitted"):
+        await asyncio.wait_for(joins.wait_open(store, "joined", deadline, "joining process (pid 4 on here)"), 10)
+    store.set("joined", "2")
+    assert await joins.wait_open(store, "joined", deadline, "joining process (pid 4 on here)")  # set: no wait
