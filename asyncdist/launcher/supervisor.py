@@ -340,7 +340,7 @@ async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | N
                 return 128 + outcome
             cause = traces.report(job.trace_folder(restart_count), None if outcome.replacement else outcome.rank)
             if restart_count == last:
-                first = f"{outcome.describe_exit()}" + (f", after {last} restarts" if last else "")
+                first = outcome.describe_exit() + (f", after {last} restarts" if last else "")
                 said = f"{cause} (from the flight-recorder dumps); the first worker to fail: {first}" if cause else first
                 print(f"asyncdist-run: the job failed: {said}", file=sys.stderr, flush=True)
                 return FAILURE_EXIT_CODE
