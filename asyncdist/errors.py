@@ -60,6 +60,7 @@ __all__ = [
     "AlreadyInitializedError",
     "WrongThreadError",
     "RendezvousError",
+    "JoinClosedError",
     "StoreError",
     "StoreLostError",
     "DistTimeoutError",
@@ -208,6 +209,15 @@ class WrongThreadError(AsyncDistError):
 
 class RendezvousError(AsyncDistError):
     """Ranks could not agree on the job: duplicate ranks, size mismatch, bad env."""
+
+
+class JoinClosedError(RendezvousError):
+    """A process waiting to join a running job (``ASYNCDIST_JOIN=1``,
+    ``init_world(join=True)``) will never be admitted: the job ended first.
+
+    Its launcher says so once no rank of the job is left to call ``grow()``
+    (``asyncdist-run --replace``); the message names the process and why.
+    """
 
 
 class StoreError(AsyncDistError, DistStoreError):

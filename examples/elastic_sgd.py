@@ -18,7 +18,10 @@ failed anywhere: a rank may have finished a step that failed on another)
 and go on from their copy of the parameters before it. The launcher starts
 a replacement (``--replace``), which waits in ``init_process_group``
 (``ASYNCDIST_JOIN=1``) until the survivors call ``dist.grow_group()`` at
-``--grow-step``; rank 0 then broadcasts the step and the parameters to it.
+``--grow-step``; the grown group's rank 0 then broadcasts the step and the
+parameters to it. A rank killed after ``--grow-step`` is not replaced: the
+survivors finish, and the launcher tells the waiting replacement that it was
+never admitted: it raises ``JoinClosedError`` and exits.
 """
 import argparse
 import hashlib
@@ -62,11 +65,14 @@ def train_step(model, data, step):
 
 
 def share_state(model, step):
-    """Rank 0's step and parameters, on every rank (for a newcomer)."""
+    """The step and parameters of the group's rank 0, on every rank (for a newcomer).
+
+    ``group_src``, not ``src``: after a shrink, global rank 0 may be the rank that died.
+    """
     box = torch.tensor([step])
-    dist.broadcast(box, src=0)
+    dist.broadcast(box, group_src=0)
     for param in model.parameters():
-        dist.broadcast(param.data, src=0)
+        dist.broadcast(param.data, group_src=0)
     return int(box)
 
 

@@ -9,7 +9,9 @@ The process:
 2. listens on an ephemeral port, then registers in the store's waiting room
    with that address and a proof of the secret (:mod:`asyncdist.rendezvous.joins`);
 3. waits until the members call ``grow()``: its verdict is either a refusal
-   (raised, with the leader's reason) or an :class:`~.growth.Admission`;
+   (raised, with the leader's reason) or an :class:`~.growth.Admission`
+   (if the waiting room is closed first, in 1 or 3, the job ended: see
+   :func:`asyncdist.rendezvous.joins.close`; it raises ``JoinClosedError``);
 4. builds its engine under its new id, dials every member with the job's
    authenticated handshake and accepts the newcomers above it.
 
@@ -23,7 +25,7 @@ import time
 from .. import settings
 from ..settings import JOB_ID_ENV, SECRET_ENV
 from ..engine.engine import Engine
-from ..errors import RendezvousError, StoreTimeoutError
+from ..errors import RendezvousError
 from ..rendezvous import joins
 from ..rendezvous.store import Store
 from ..transport.connect import open_listener
@@ -61,17 +63,16 @@ async def join(
         where: the store's address, for messages.
 
     Raises:
+        JoinClosedError: the job ended before any grow admitted this process.
         RendezvousError: no job runs at ``store`` within ``timeout``; the
             members refused this process (wrong secret); no grow came in time;
             a member could not be reached.
     """
     deadline = time.monotonic() + timeout
     me = f"joining process ({whoami()})"
-    try:
-        await store.async_wait([_JOINED_KEY], timeout)
-    except StoreTimeoutError:
+    if not await joins.wait_open(store, _JOINED_KEY, deadline, me):
         raise RendezvousError(f"{me}: no job is running at {where} (its ranks have not all joined within "
-                              f"{timeout:g} s)") from None
+                              f"{timeout:g} s)")
     secret = (await _job_value(store, "secret", SECRET_ENV, where)).encode()
     job_id = await _job_value(store, "job_id", JOB_ID_ENV, where)
     listener = open_listener(host)

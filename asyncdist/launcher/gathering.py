@@ -22,21 +22,27 @@ import sys
 from ..rendezvous.store import Store
 from ..rendezvous.waiting import FIRST_REPORT_SECONDS, duration, ranks_named, report_every
 
-__all__ = ["missing_ranks", "report_gathering"]
+__all__ = ["missing_ranks", "report_gathering", "rendezvous_prefixes"]
 
 #: Where asyncdist's rendezvous keeps its keys in an attempt's store: the
 #: facade's first ``init_process_group`` and the await API's ``init_world``.
 _PREFIXES = ("asyncdist/0", "asyncdist")
 
 
+def rendezvous_prefixes(attempt: int) -> list[str]:
+    """The key prefixes of ``attempt``'s rendezvous in the launcher's store,
+    one per way a worker may start it (the ranks' and their joiners' keys)."""
+    return [f"/worker/attempt_{attempt}/{prefix}" for prefix in _PREFIXES]
+
+
 def missing_ranks(store: Store, attempt: int, world_size: int) -> list[int] | None:
     """The ranks that have not claimed their place in ``attempt``'s rendezvous
     (blocking): [] while none has claimed one, None once every rank has joined."""
-    base = f"/worker/attempt_{attempt}"
-    if any(store.check([f"{base}/{prefix}/joined"]) for prefix in _PREFIXES):
+    prefixes = rendezvous_prefixes(attempt)
+    if any(store.check([f"{prefix}/joined"]) for prefix in prefixes):
         return None
     missing = [r for r in range(world_size)
-               if not any(store.check([f"{base}/{prefix}/rank/{r}/owner"]) for prefix in _PREFIXES)]
+               if not any(store.check([f"{prefix}/rank/{r}/owner"]) for prefix in prefixes)]
     return [] if len(missing) == world_size else missing
 
 

@@ -12,7 +12,9 @@ the first exit or signal that matters decides the attempt:
   the stores ready for it), else the launcher exits 1 (as torchrun does);
 * under ``--on-failure continue`` a worker that fails is reported and the
   others go on (a replacement is started in its place while ``--replace``
-  allows, to rejoin the job); the attempt ends when every worker has exited,
+  allows, to rejoin the job; once no rank is left to admit the replacements
+  still waiting, :mod:`.waiting_room` tells them so, and they exit); the
+  attempt ends when every worker has exited,
   with a summary of who finished and who died (:func:`~.workers.summary`);
   it failed if a worker exited with an error code of its own or none finished
   (:func:`~.workers.continuing_failure`);
@@ -43,9 +45,9 @@ import subprocess
 import sys
 from typing import BinaryIO, Callable, cast
 
-from . import traces
+from . import traces, waiting_room
 from .job import Job, LaunchError
-from .workers import Console, Worker, WorkerProtocol, blame, continuing_failure, signal_name, summary
+from .workers import Console, Worker, WorkerProtocol, blame, continuing_failure, never_admitted, signal_name, summary
 from .gathering import report_gathering
 from .stores import JOIN_TIMEOUT
 
@@ -55,8 +57,9 @@ __all__ = ["run_job", "FAILURE_EXIT_CODE"]
 FAILURE_EXIT_CODE = 1
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _DRAIN_SECONDS = 5.0  # how long output still in the pipes may take to arrive after the group ended
-# Seconds a failure that relays a peer's (PeerLostError) waits for the
-# failing peer's own exit, so that the launcher names the rank that failed first.
+# Seconds a failure that relays a peer's (PeerLostError, OperationTimeoutError)
+# waits for the failing peer's own exit, so that the launcher names the rank
+# that failed first, and the other victims write their dumps before the stop.
 _SETTLE_SECONDS = 2.0
 _LAST_WORDS_SECONDS = 0.2  # how long a failed worker's stderr is read on after its exit, at most
 _READY_SLICE = 1.0  # seconds per wait for node 0's next attempt, between looks at the signals
@@ -182,7 +185,7 @@ async def _run_continuing(job: Job, restart_count: int, signals: _Signals,
             workers.append(await _start(job, local_rank, restart_count, consoles))
         interrupted = asyncio.ensure_future(signals.wait_beyond(len(signals.received)))
         pending: set[asyncio.Future] = {interrupted, *(asyncio.ensure_future(_exit_of(w)) for w in workers)}
-        replaced = 0
+        replaced, closed = 0, False  # closed: the waiting room, once no rank is left to admit a replacement
         try:
             while pending != {interrupted}:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -193,9 +196,13 @@ async def _run_continuing(job: Job, restart_count: int, signals: _Signals,
                     if worker.protocol.exited.result() == 0:
                         continue
                     await asyncio.wait([worker.protocol.closed], timeout=_LAST_WORDS_SECONDS)
+                    if never_admitted(worker):
+                        print(f"asyncdist-run: {worker.name} was never admitted (the job ended before a grow)",
+                              file=sys.stderr, flush=True)
+                        continue
                     print(f"asyncdist-run: {worker.describe_exit()}; the other workers continue (--on-failure "
                           f"continue); the last lines of its stderr:{worker.stderr_tail()}", file=sys.stderr, flush=True)
-                    if replaced < job.config.replace:
+                    if replaced < job.config.replace and not closed:
                         replaced += 1
                         new = await _start(job, worker.local_rank, restart_count, consoles, replaced)
                         workers.append(new)
@@ -203,6 +210,9 @@ async def _run_continuing(job: Job, restart_count: int, signals: _Signals,
                         print(f"asyncdist-run: started replacement {replaced} of {job.config.replace} (pid {new.pid}) "
                               f"for worker {worker.name}; it joins the job when its ranks call grow_group()",
                               file=sys.stderr, flush=True)
+                if not closed and job.config.nnodes == 1 and waiting_room.still_waiting(workers):
+                    closed = True  # no rank is left to call grow_group(): the replacements must not wait for one
+                    await waiting_room.close(job.store, restart_count)
         finally:
             for task in pending:
                 task.cancel()
@@ -328,10 +338,11 @@ async def run_job(job: Job, stdout: BinaryIO | None = None, stderr: BinaryIO | N
                 return 0
             if isinstance(outcome, int):
                 return 128 + outcome
-            traces.report(job.trace_folder(restart_count))
+            cause = traces.report(job.trace_folder(restart_count), None if outcome.replacement else outcome.rank)
             if restart_count == last:
-                print(f"asyncdist-run: the job failed: {outcome.describe_exit()}"
-                      + (f", after {last} restarts" if last else ""), file=sys.stderr, flush=True)
+                first = outcome.describe_exit() + (f", after {last} restarts" if last else "")
+                said = f"{cause} (from the flight-recorder dumps); the first worker to fail: {first}" if cause else first
+                print(f"asyncdist-run: the job failed: {said}", file=sys.stderr, flush=True)
                 return FAILURE_EXIT_CODE
             print(f"asyncdist-run: restarting the worker group ({restart_count + 1} of {last} restarts)",
                   file=sys.stderr, flush=True)

@@ -16,9 +16,11 @@ import signal
 from dataclasses import dataclass
 from typing import BinaryIO, cast
 
-__all__ = ["Console", "Worker", "WorkerProtocol", "blame", "signal_name", "summary", "continuing_failure"]
+__all__ = ["Console", "Worker", "WorkerProtocol", "blame", "signal_name", "summary", "continuing_failure",
+           "never_admitted"]
 
 _TAIL_LINES = 10  # lines of a failed worker's stderr that the launcher repeats
+_RELAYED = (b"PeerLostError", b"OperationTimeoutError")  # errors that name another rank's failure
 
 
 def signal_name(signum: int) -> str:
@@ -67,7 +69,10 @@ class WorkerProtocol(asyncio.SubprocessProtocol):
         self._partial = {1: b"", 2: b""}
         self.tail: collections.deque[bytes] = collections.deque(maxlen=_TAIL_LINES)  # stderr's last lines
         self.error_at: float | None = None  # loop time of its first traceback on stderr
-        self.relays = False  # its stderr relays a peer's failure (PeerLostError)
+        # Its stderr relays a peer's failure: a PeerLostError, or an
+        # OperationTimeoutError (it waited for a peer in vain: a victim too).
+        self.relays = False
+        self.not_admitted = False  # a replacement's stderr says it was never admitted (JoinClosedError)
         self.exit_at = 0.0  # loop time of its exit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -89,12 +94,14 @@ class WorkerProtocol(asyncio.SubprocessProtocol):
             console.write(b"".join(self._prefix + line + b"\n" for line in lines))
 
     def _note_errors(self, lines: list[bytes]) -> None:
-        """Keep stderr's last lines, when it first showed a traceback, and whether it relays a peer's."""
+        """Keep stderr's last lines, when it first showed a traceback, and whether it relays a peer's failure."""
         for line in lines:
             if self.error_at is None and line.startswith(b"Traceback"):
                 self.error_at = asyncio.get_running_loop().time()
-            if b"PeerLostError" in line:
+            if any(name in line for name in _RELAYED):
                 self.relays = True
+            if b"JoinClosedError" in line:
+                self.not_admitted = True
         self.tail.extend(lines)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
@@ -153,10 +160,11 @@ def blame(failed: list[Worker], workers: list[Worker]) -> Worker:
     """The worker that failed first, given the ones that exited non-zero, in order.
 
     A rank that fails makes its peers fail a moment later with a
-    PeerLostError that names it, and a peer may exit before it (the failing
-    rank still runs its exit hooks). So the first to fail is the first to exit
-    non-zero without relaying a peer's error, else the first whose stderr
-    showed a traceback that relays none, else the first to exit non-zero.
+    PeerLostError that names it (or time out waiting for it), and a peer may
+    exit before it (the failing rank still runs its exit hooks). So the first
+    to fail is the first to exit non-zero without relaying a peer's error,
+    else the first whose stderr showed a traceback that relays none, else the
+    first to exit non-zero.
     """
     for worker in failed:
         if not worker.protocol.relays:
@@ -167,14 +175,25 @@ def blame(failed: list[Worker], workers: list[Worker]) -> Worker:
     return failed[0]
 
 
+def never_admitted(worker: Worker) -> bool:
+    """A replacement that gave up waiting to join because the job ended (JoinClosedError)."""
+    return bool(worker.replacement) and worker.protocol.exited.result() != 0 and worker.protocol.not_admitted
+
+
 def summary(workers: list[Worker]) -> str:
-    """The launcher's last line under ``--on-failure continue``: who finished, who died and how."""
+    """The launcher's last line under ``--on-failure continue``: who finished, who
+    died and how, and (if any) the replacements that were never admitted."""
     finished = [w.name for w in workers if w.protocol.exited.result() == 0]
     died = []
-    for w in sorted((w for w in workers if w.protocol.exited.result() != 0), key=lambda w: w.protocol.exit_at):
+    for w in sorted((w for w in workers if w.protocol.exited.result() != 0 and not never_admitted(w)),
+                    key=lambda w: w.protocol.exit_at):
         code = w.protocol.exited.result()
         died.append(f"{w.name} ({signal_name(-code) if code < 0 else f'exit code {code}'})")
-    return f"asyncdist-run: finished: {', '.join(finished) or 'none'}; died: {', '.join(died) or 'none'}"
+    line = f"asyncdist-run: finished: {', '.join(finished) or 'none'}; died: {', '.join(died) or 'none'}"
+    idle = [w.name for w in workers if never_admitted(w)]
+    if idle:
+        line += f"; never admitted (the job ended before a grow): {', '.join(idle)}"
+    return line
 
 
 def continuing_failure(workers: list[Worker]) -> Worker | None:
@@ -183,9 +202,10 @@ def continuing_failure(workers: list[Worker]) -> Worker | None:
     A worker killed by a signal is the loss the job was meant to survive; one
     that exited with an error code of its own (an exception) failed the job,
     and so did every worker dying: the job succeeded when at least one
-    worker finished and none exited with an error code.
+    worker finished and none exited with an error code. A replacement never
+    admitted did no part of the job: its exit counts for nothing.
     """
-    by_exit = sorted(workers, key=lambda w: w.protocol.exit_at)
+    by_exit = sorted((w for w in workers if not never_admitted(w)), key=lambda w: w.protocol.exit_at)
     errors = [w for w in by_exit if w.protocol.exited.result() > 0]
     if errors:
         return errors[0]

@@ -15,7 +15,12 @@ those of :mod:`asyncdist.group.bootstrap`:
   examined before);
 * ``join/slot/<i>/verdict``: the grow's answer to that slot, JSON: either
   ``{"admitted": {...}}`` (the new group, see
-  :mod:`asyncdist.group.growth`) or ``{"refused": "<why>"}``.
+  :mod:`asyncdist.group.growth`) or ``{"refused": "<why>"}``;
+* ``join/closed``: set (to the reason) once no grow will come, because the
+  job's ranks have all ended (:func:`close`: ``asyncdist-run`` sets it when
+  only replacements waiting to join are left); a process waiting to join
+  (for the job's ranks, or for its verdict), or arriving later, raises
+  :class:`~asyncdist.errors.JoinClosedError` instead of waiting out its timeout.
 
 A registration carries a *proof*: HMAC-SHA256 of the job secret over its
 token, job id and address. The leader of a grow checks it before admitting
@@ -38,19 +43,22 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import RendezvousError, StoreTimeoutError
+from ..errors import JoinClosedError, RendezvousError, StoreTimeoutError
 from .store import Store
 
-__all__ = ["Registration", "register", "wait_verdict", "claim", "answer", "JOIN_POLL_SECONDS"]
+__all__ = ["Registration", "register", "wait_open", "wait_verdict", "claim", "answer", "close", "JOIN_POLL_SECONDS"]
 
 _SLOT = "join/slot/{}"
 _VERDICT = "join/slot/{}/verdict"
 _CLAIM = "join/slot/{}/claimed"
 _NEXT = "join/next"
+_CLOSED = "join/closed"  # set once the waiting room is closed: no grow will come (close())
 #: How often a grow that must wait for joiners (``min_joiners``) looks for a
-#: new registration, and how often a joiner looks for its verdict between
-#: reports: a store wait of this length, not a sleep.
+#: new registration: a store wait of this length, not a sleep.
 JOIN_POLL_SECONDS = 0.2
+#: How long a joiner waits for its verdict before it looks whether the waiting
+#: room was closed: how late, at most, it learns that the job ended.
+_CLOSED_POLL_SECONDS = 1.0
 
 
 def _proof(secret: bytes, job_id: str, token: str, host: str, port: int) -> str:
@@ -104,25 +112,46 @@ async def register(store: Store, registration: Registration) -> int:
         slot += 1
 
 
-async def wait_verdict(store: Store, slot: int, deadline: float, what: str) -> dict[str, Any]:
-    """Wait for the verdict on ``slot`` until ``deadline`` (time.monotonic).
+async def wait_open(store: Store, key: str, deadline: float, what: str) -> bool:
+    """Wait until ``key`` is set (True) or ``deadline`` (time.monotonic)
+    passes (False), looking at least every second whether the waiting room
+    was closed: a joiner's every wait.
 
     Raises:
+        JoinClosedError: the waiting room was closed first (the job ended:
+            no grow will come); ``what`` names the process in the message.
+    """
+    while True:
+        if await store.async_check([key]):
+            return True
+        if await store.async_check([_CLOSED]):
+            why = (await store.async_get(_CLOSED)).decode()
+            raise JoinClosedError(f"{what} was never admitted: the running job ended before a grow() took it "
+                                  f"in ({why})")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        try:
+            await store.async_wait([key], min(remaining, _CLOSED_POLL_SECONDS))
+        except StoreTimeoutError:
+            pass
+
+
+async def wait_verdict(store: Store, slot: int, deadline: float, what: str) -> dict[str, Any]:
+    """Wait for the verdict on ``slot`` until ``deadline`` (time.monotonic),
+    or until the waiting room is closed (:func:`close`).
+
+    Raises:
+        JoinClosedError: the waiting room was closed before a verdict came.
         RendezvousError: no grow admitted or refused it in time (``what``
             names this process in the message).
     """
     key = _VERDICT.format(slot)
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RendezvousError(f"{what}: no member of the running job called grow() before the timeout; "
-                                  "the process gave up waiting to join")
-        try:
-            await store.async_wait([key], min(remaining, JOIN_POLL_SECONDS * 25))
-        except StoreTimeoutError:
-            continue
-        verdict: dict[str, Any] = json.loads(await store.async_get(key))
-        return verdict
+    if not await wait_open(store, key, deadline, what):
+        raise RendezvousError(f"{what}: no member of the running job called grow() before the timeout; "
+                              "the process gave up waiting to join")
+    verdict: dict[str, Any] = json.loads(await store.async_get(key))
+    return verdict
 
 
 async def claim(store: Store, at_least: int, deadline: float) -> list[tuple[int, Registration]]:
@@ -158,6 +187,17 @@ async def claim(store: Store, at_least: int, deadline: float) -> list[tuple[int,
             pass
     await store.async_set(_NEXT, str(slot))  # where the next grow starts looking (claims decide)
     return found
+
+
+def close(store: Store, reason: str) -> None:
+    """Close the waiting room: every process waiting to join, and every one
+    that registers later, raises :class:`~asyncdist.errors.JoinClosedError`
+    saying ``reason``, within about a second (blocking; any thread).
+
+    For whoever knows that the job's ranks have all ended (``asyncdist-run``:
+    only replacements waiting to join are left), so that no grow will come.
+    """
+    store.set(_CLOSED, reason)
 
 
 async def answer(store: Store, verdicts: dict[int, dict[str, Any]]) -> None:

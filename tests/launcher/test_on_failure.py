@@ -3,7 +3,8 @@
 The last rank kills itself with SIGKILL once every rank is past init; the survivors
 see it lost (PeerLostError), keep a group of themselves and, with
 ``--replace``, grow it with the replacement the launcher started, which
-rejoins with ``ASYNCDIST_JOIN=1``. Every process prints the sum of an
+rejoins with ``ASYNCDIST_JOIN=1`` (or, without a grow, is told that it never
+will be admitted once the ranks have exited). Every process prints the sum of an
 all-reduce over the group it ends in, checked here against the sum of its
 members' values; the launcher's summary names who finished and who died.
 """
@@ -94,6 +95,22 @@ def test_replace_starts_a_worker_that_rejoins_with_the_next_rank(tmp_path: Path)
     assert _lines(result.stdout, "+1") == [f"rank 2 of 3, ranks [0, 1, 3]: sum {total}"]
     assert re.search(r"asyncdist-run: started replacement 1 of 1 \(pid \d+\) for worker rank 2", result.stderr)
     assert "asyncdist-run: finished: rank 0, rank 1, replacement 1; died: rank 2 (SIGKILL)" in result.stderr
+
+
+def test_a_replacement_never_admitted_is_told_when_the_ranks_have_exited(tmp_path: Path) -> None:
+    """The survivors finish without a grow: the launcher closes the waiting room,
+    the replacement raises JoinClosedError at once (not at its 30-minute timeout)
+    and the launcher exits 0, naming it as never admitted."""
+    result = _run(tmp_path, "--on-failure", "continue", "--replace", "1", "job.py")
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        assert _lines(result.stdout, str(rank)) == ["lost: 2", f"rank {rank} of 2, ranks [0, 1]: sum {1 + 2}"]
+    assert re.search(r"^\[rank \+1\]: asyncdist\.errors\.JoinClosedError: joining process \(pid \d+ on .+\) was "
+                     r"never admitted: the running job ended before a grow\(\) took it in \(asyncdist-run: every "
+                     r"rank of the job has exited\)$", result.stderr, re.M), result.stderr
+    assert "asyncdist-run: replacement 1 was never admitted (the job ended before a grow)" in result.stderr
+    assert result.stderr.rstrip().endswith("asyncdist-run: finished: rank 0, rank 1; died: rank 2 (SIGKILL); never "
+                                           "admitted (the job ended before a grow): replacement 1"), result.stderr
 
 
 def test_a_worker_that_raises_fails_a_continuing_job(tmp_path: Path) -> None:

@@ -242,19 +242,28 @@ def test_failing_worker_stops_the_job_and_leaves_no_process(tmp_path: Path) -> N
     assert result.returncode == 1
     assert elapsed < 20, f"the launcher took {elapsed:.1f} s to give up"
     assert "asyncdist-run: worker rank 2 exited with code 1" in result.stderr
-    assert "the job failed: worker rank 2 exited with code 1" in result.stderr
+    assert _first_to_fail(result.stderr) == "worker rank 2 exited with code 1"
     assert "ValueError: rank 2 gives up" in "\n".join(_by_rank(result.stderr)[2])
     pids = _ready_pids(_by_rank(result.stdout))
     assert len(pids) == 8  # 4 workers and their children
     assert _still_alive(pids) == []
 
 
-def _names_rank_1_as_the_cause(stderr: str, prefix: str) -> None:
+def _first_to_fail(stderr: str) -> str:
+    """The worker the launcher's summary names as the first to fail, and how it exited:
+    the summary's only subject without dumps that name a cause, else the second."""
+    match = re.search(r"^asyncdist-run: the job failed: (?:.*; the first worker to fail: )?(worker rank \d+ exited "
+                      r"with code -?\d+)", stderr, re.M)
+    assert match, stderr
+    return match[1]
+
+
+def _names_rank_1_as_the_cause(stderr: str) -> None:
     """Rank 1 exits with code 3 and says goodbye on its way out, so rank 0's
     barrier fails at about the same moment, often first: the launcher must
     still name rank 1, the one whose failure rank 0 relays."""
-    assert f"{prefix} rank 1 exited with code 3" in stderr, stderr
-    assert f"{prefix} rank 0 exited" not in stderr, stderr
+    assert "asyncdist-run: worker rank 1 exited with code 3" in stderr, stderr
+    assert "asyncdist-run: worker rank 0 exited" not in stderr, stderr
 
 
 # Rank 1 raises; its exit is slow (an exit hook of its own runs after asyncdist
@@ -279,15 +288,53 @@ def test_the_rank_that_raised_is_named_not_the_peers_that_relay_it(tmp_path: Pat
     assert any("asyncdist-run: worker rank 1 exited with code 1" in line and "the first to fail" in line
                for line in report), result.stderr
     assert "    ValueError: rank 1 gives up" in report, result.stderr  # its last words, repeated
-    assert "the job failed: worker rank 1 exited with code 1" in result.stderr
+    # The dumps of ranks 0 and 2 (lost their peer in the all_reduce) name rank 1 as well.
+    assert re.search(r"^asyncdist-run: the job failed: rank 1 died: .*; ranks \[0, 2\] waited for it in call #1 "
+                     r"of group world \(all_reduce\(sum, float64\[4\]\)\)", result.stderr, re.M), result.stderr
+    assert _first_to_fail(result.stderr) == "worker rank 1 exited with code 1"
     assert not re.search(r"asyncdist-run: worker rank [02] exited", result.stderr), result.stderr
+
+
+# Rank 2 waits in user code for something that never comes; ranks 0 and 1 time
+# out in the next all_reduce (their hang warning asks rank 2 where it is first).
+STUCK_CALLS = 6  # all_reduces every rank completes, after init's barrier (call #0)
+STUCK_SCRIPT = f"""
+import threading
+from datetime import timedelta
+import numpy as np
+import asyncdist as dist
+dist.init_process_group(timeout=timedelta(seconds=3))
+x = np.ones(4)
+for _ in range({STUCK_CALLS}):
+    dist.all_reduce(x)
+if dist.get_rank() == 2:
+    threading.Event().wait()
+dist.all_reduce(x)
+"""
+
+
+def test_the_rank_the_dumps_find_behind_is_named_before_the_first_to_exit(tmp_path: Path) -> None:
+    script = _script(tmp_path, STUCK_SCRIPT)
+    result = _run([*RUN, "--standalone", "--nproc-per-node", "3", str(script)], tmp_path,
+                  env={"ASYNCDIST_HANG_WARN": "1", "ASYNCDIST_AGENT_STORE": "asyncdist"})
+    assert result.returncode == 1, result.stderr
+    summary = [line for line in result.stderr.splitlines() if line.startswith("asyncdist-run: the job failed: ")]
+    assert len(summary) == 1, result.stderr
+    # Rank 2 completed call #STUCK_CALLS and never entered the next, which ranks 0 and 1 timed out in.
+    match = re.fullmatch(
+        rf"asyncdist-run: the job failed: rank 2 is behind on group world: it is at all_reduce #{STUCK_CALLS} "
+        rf"on group world \(.*\), while ranks \[0, 1\] wait in call #{STUCK_CALLS + 1} \(.*\) "
+        r"\(from the flight-recorder dumps\); the first worker to fail: worker rank ([01]) exited with code 1 .*",
+        summary[0])
+    assert match, summary[0]
+    assert f"worker rank {match[1]} exited with code 1" in result.stderr  # the launcher saw it exit first
 
 
 def test_max_restarts_restarts_the_group(tmp_path: Path) -> None:
     script = _script(tmp_path, RESTART_SCRIPT)
     result = _run([*RUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(script)], tmp_path)
     assert result.returncode == 0, result.stderr
-    _names_rank_1_as_the_cause(result.stderr, "worker")
+    _names_rank_1_as_the_cause(result.stderr)
     assert "restarting the worker group (1 of 1 restarts)" in result.stderr
     lines = _by_rank(result.stdout)
     assert lines[1] == ["attempt 0", "attempt 1", "finished"]
@@ -299,7 +346,8 @@ def test_restarts_run_out(tmp_path: Path) -> None:
     result = _run([*RUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", str(script), "--always"],
                   tmp_path)
     assert result.returncode == 1
-    _names_rank_1_as_the_cause(result.stderr, "the job failed: worker")
+    _names_rank_1_as_the_cause(result.stderr)
+    assert _first_to_fail(result.stderr) == "worker rank 1 exited with code 3"
     assert "after 1 restarts" in result.stderr
     assert _by_rank(result.stdout)[1] == ["attempt 0", "attempt 1"]
 

@@ -3,7 +3,9 @@
 Registrations take distinct slots even when made at once; a registration's
 proof checks with the secret it was made with and no other; two grows that
 claim at once never take one registration twice; a claim that runs out of
-time releases what it took, so that the next grow admits it.
+time releases what it took, so that the next grow admits it; a closed
+waiting room fails the processes waiting in it (for their verdict, or for
+the job's ranks), but not one already answered.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 
 import pytest
 
-from asyncdist.errors import RendezvousError
+from asyncdist.errors import JoinClosedError, RendezvousError
 from asyncdist.rendezvous import joins
 from asyncdist.rendezvous.hash_store import HashStore
 
@@ -49,3 +51,26 @@ async def test_a_claim_that_runs_out_of_time_releases_what_it_took() -> None:
         await joins.claim(store, 2, time.monotonic() + 0.3)
     (slot, again), = await joins.claim(store, 1, time.monotonic() + 5)
     assert (slot, again.port) == (1, 40001)
+
+
+async def test_a_closed_waiting_room_fails_its_waiters_at_once_but_not_an_answered_one() -> None:
+    store = HashStore()
+    waiting = await joins.register(store, _registration(1))
+    answered = await joins.register(store, _registration(2))
+    await joins.answer(store, {answered: {"admitted": {"id": 7}}})
+    deadline = time.monotonic() + 60
+    waiter = asyncio.ensure_future(joins.wait_verdict(store, waiting, deadline, "joining process (pid 1 on here)"))
+    asyncio.get_running_loop().call_soon(joins.close, store, "every rank of the job has exited")
+    with pytest.raises(JoinClosedError, match=r"^joining process \(pid 1 on here\) was never admitted: the running "
+                                              r"job ended before a grow\(\) took it in \(every rank of the job has "
+                                              r"exited\)$"):
+        await asyncio.wait_for(waiter, 10)  # within a poll (1 s), not the minute left to its deadline
+    assert await joins.wait_verdict(store, answered, deadline, "joining process (pid 2 on here)") == \
+        {"admitted": {"id": 7}}
+    later = await joins.register(store, _registration(3))  # arrives after the close
+    with pytest.raises(JoinClosedError, match=r"^joining process \(pid 3 on here\) was never admitted"):
+        await asyncio.wait_for(joins.wait_verdict(store, later, deadline, "joining process (pid 3 on here)"), 10)
+    with pytest.raises(JoinClosedError, match=r"^joining process \(pid 4 on here\) was never admitted"):
+        await asyncio.wait_for(joins.wait_open(store, "joined", deadline, "joining process (pid 4 on here)"), 10)
+    store.set("joined", "2")
+    assert await joins.wait_open(store, "joined", deadline, "joining process (pid 4 on here)")  # set: no wait
