@@ -10,6 +10,10 @@ those of :mod:`asyncdist.group.bootstrap`:
   compare-and-set, so two joiners at once take two slots and none is lost;
 * ``join/slot/<i>/claimed``: taken (compare-and-set) by the member that leads
   the grow that admits or refuses slot i, so that no two grows take one process;
+* ``join/token/<token>``: the first slot claimed with that registration
+  token (compare-and-set): a registration copied into another slot (by a
+  process with write access to the store) is refused there, so one process
+  is never admitted twice;
 * ``join/next``: where the next grow starts looking (written by the leader of
   a grow, so that the next leader, whichever rank it is, skips the slots
   examined before);
@@ -51,6 +55,7 @@ __all__ = ["Registration", "register", "wait_open", "wait_verdict", "claim", "an
 _SLOT = "join/slot/{}"
 _VERDICT = "join/slot/{}/verdict"
 _CLAIM = "join/slot/{}/claimed"
+_TOKEN = "join/token/{}"
 _NEXT = "join/next"
 _CLOSED = "join/closed"  # set once the waiting room is closed: no grow will come (close())
 #: How often a grow that must wait for joiners (``min_joiners``) looks for a
@@ -158,7 +163,8 @@ async def claim(store: Store, at_least: int, deadline: float) -> list[tuple[int,
     """Claim the registrations no grow has claimed yet, oldest first, waiting
     until there are ``at_least`` of them (or ``deadline``, time.monotonic,
     passes). Each slot is claimed with compare-and-set, so two grows at once
-    (of two groups) never admit one process twice.
+    (of two groups) never admit one process twice; a copy of a registration
+    that a slot before it holds is refused, not returned.
 
     Raises:
         RendezvousError: fewer than ``at_least`` by the deadline (what was
@@ -171,7 +177,13 @@ async def claim(store: Store, at_least: int, deadline: float) -> list[tuple[int,
         key = _SLOT.format(slot)
         if await store.async_check([key]):
             if (await store.async_compare_set(_CLAIM.format(slot), "", token)).decode() == token:
-                found.append((slot, Registration.decode(await store.async_get(key))))
+                registration = Registration.decode(await store.async_get(key))
+                first = (await store.async_compare_set(_TOKEN.format(registration.token), "", str(slot))).decode()
+                if first == str(slot):
+                    found.append((slot, registration))
+                else:
+                    await answer(store, {slot: {"refused": f"a copy of the registration in slot {first} "
+                                                           "(a process is admitted once)"}})
             slot += 1
             continue
         if len(found) >= at_least:

@@ -2,7 +2,8 @@
 
 Registrations take distinct slots even when made at once; a registration's
 proof checks with the secret it was made with and no other; two grows that
-claim at once never take one registration twice; a claim that runs out of
+claim at once never take one registration twice, nor one grow a registration
+copied into a second slot; a claim that runs out of
 time releases what it took, so that the next grow admits it; a closed
 waiting room fails the processes waiting in it (for their verdict, or for
 the job's ranks), but not one already answered.
@@ -42,6 +43,22 @@ async def test_registrations_at_once_take_distinct_slots_and_claims_at_once_spli
     claimed = [r for _, r in first + second]
     assert sorted(claimed, key=lambda r: r.port) == made  # each exactly once
     assert await joins.claim(store, 0, deadline) == []  # nothing left for a later grow
+
+
+async def test_a_registration_copied_into_another_slot_is_admitted_once() -> None:
+    store = HashStore()
+    original = _registration(1)
+    assert await joins.register(store, original) == 1
+    store.set("join/slot/2", original.encode())  # a process with write access copies it
+    other = _registration(3)
+    assert await joins.register(store, other) == 3
+    claimed = await joins.claim(store, 0, time.monotonic() + 5)
+    assert [(slot, r) for slot, r in claimed] == [(1, original), (3, other)]
+    refused = await joins.wait_verdict(store, 2, time.monotonic() + 5, "the copy")
+    assert refused == {"refused": "a copy of the registration in slot 1 (a process is admitted once)"}
+    store.set("join/slot/4", original.encode())  # copied again, for a later grow
+    assert await joins.claim(store, 0, time.monotonic() + 5) == []
+    assert "slot 1" in (await joins.wait_verdict(store, 4, time.monotonic() + 5, "the copy"))["refused"]
 
 
 async def test_a_claim_that_runs_out_of_time_releases_what_it_took() -> None:
