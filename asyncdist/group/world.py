@@ -85,7 +85,8 @@ async def init_world(
         rank, world_size = 1, 2  # for resolve(): any rank but 0 is a client of the job's store
     plan = await loop.run_in_executor(
         STORE_EXECUTOR,
-        lambda: resolve(init_method, rank=rank, world_size=world_size, store=store, timeout=seconds),
+        lambda: resolve(init_method, rank=rank, world_size=world_size, store=store, timeout=seconds,
+                        who=f"joining process ({whoami()})" if join else None),
     )
     if plan.refused is not None:  # an impossible rank: tell the others, who wait for a rank that never comes
         try:

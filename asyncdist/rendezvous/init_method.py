@@ -109,7 +109,7 @@ def _rank_error(rank: int, world_size: int) -> InvalidRankError | None:
     return None
 
 
-def _check_resolves(host: str, port: int, rank: int, what: str) -> None:
+def _check_resolves(host: str, port: int, who: str, what: str) -> None:
     """Fail at once on a host name that does not resolve (the store's client
     would retry it until the timeout); a temporary DNS failure is left to retry.
 
@@ -121,7 +121,7 @@ def _check_resolves(host: str, port: int, rank: int, what: str) -> None:
     except socket.gaierror as exc:
         if exc.errno == socket.EAI_AGAIN:
             return
-        raise RendezvousError(f"rank {rank}: {what} {host!r} does not resolve: {exc.strerror}") from exc
+        raise RendezvousError(f"{who}: {what} {host!r} does not resolve: {exc.strerror}") from exc
 
 
 def advertise_host(master: str | None, environ: Mapping[str, str]) -> str:
@@ -169,18 +169,18 @@ def parse_store_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _launcher_store(text: str, rank: int, world_size: int, timeout: float) -> Store:
+def _launcher_store(text: str, rank: int, world_size: int, timeout: float, who: str) -> Store:
     """A client of asyncdist's store that a launcher announced in :data:`STORE_ADDR_ENV`."""
     host, port = parse_store_address(text)
-    timeout = _reach(host, port, rank, world_size, timeout, f" (the launcher's store, {STORE_ADDR_ENV})")
+    timeout = _reach(host, port, rank, world_size, timeout, who, f" (the launcher's store, {STORE_ADDR_ENV})")
     try:
         return TCPStore(host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
     except StoreError as exc:
-        raise RendezvousError(f"rank {rank}: cannot use the launcher's store at {host}:{port} "
+        raise RendezvousError(f"{who}: cannot use the launcher's store at {host}:{port} "
                               f"({STORE_ADDR_ENV}): {exc}") from exc
 
 
-def _reach(host: str, port: int, rank: int, world_size: int, timeout: float, hint: str = "") -> float:
+def _reach(host: str, port: int, rank: int, world_size: int, timeout: float, who: str, hint: str = "") -> float:
     """Wait until ``host:port`` accepts a connection, saying so while it does not
     (see :mod:`.waiting`); return the seconds left of ``timeout``.
 
@@ -192,7 +192,7 @@ def _reach(host: str, port: int, rank: int, world_size: int, timeout: float, hin
     """
     start = time.monotonic()
     deadline = start + timeout
-    reports = WaitReports(rank, world_size, f"tcp://{store_address(host, port)}", start, deadline)
+    reports = WaitReports(rank, world_size, f"tcp://{store_address(host, port)}", start, deadline, who=who)
     delay = _PROBE_FIRST_SECONDS
     while True:
         now = time.monotonic()
@@ -203,7 +203,7 @@ def _reach(host: str, port: int, rank: int, world_size: int, timeout: float, hin
             now = time.monotonic()
             if now >= deadline:
                 where = store_address(host, port)
-                raise RendezvousError(f"rank {rank}: cannot use the store at {where}: TCPStore: could not connect "
+                raise RendezvousError(f"{who}: cannot use the store at {where}: TCPStore: could not connect "
                                       f"to the store at {where} within {timeout:g} s: {exc}{hint}") from exc
             if reports.due(now):
                 reports.report_unreachable(now, exc)
@@ -243,12 +243,13 @@ def _store_secret(host: str, port: int, rank: int, environ: Mapping[str, str]) -
     return "", ""
 
 
-def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str]) -> Store:
+def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float, environ: Mapping[str, str],
+               who: str) -> Store:
     served_by_agent = environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1")
     torchs = served_by_agent and agent_store_is_torchs(environ)  # torchrun's agent: torch's protocol
     hint = f" (if torchrun serves it, set {AGENT_STORE_KIND_ENV}=torch)" if served_by_agent and not torchs else ""
     if rank != 0 or served_by_agent:
-        timeout = _reach(host, port, rank, world_size, timeout, hint)
+        timeout = _reach(host, port, rank, world_size, timeout, who, hint)
     try:
         if torchs:
             return torch_store_client(host, port, timeout)
@@ -258,7 +259,7 @@ def _tcp_store(host: str, port: int, rank: int, world_size: int, timeout: float,
         return TCPStore(host, port, world_size, is_master=(rank == 0 and not served_by_agent), timeout=timeout,
                         wait_for_workers=False, secret=secret)
     except StoreError as exc:
-        raise RendezvousError(f"rank {rank}: cannot use the store at {host}:{port}: {exc}{hint}") from exc
+        raise RendezvousError(f"{who}: cannot use the store at {host}:{port}: {exc}{hint}") from exc
 
 
 def _refusing(refused: InvalidRankError | None, make: Callable[..., Store], *args: Any) -> Store:
@@ -280,8 +281,12 @@ def resolve(
     store: Store | None = None,
     timeout: float,
     environ: Mapping[str, str] | None = None,
+    who: str | None = None,
 ) -> Plan:
     """Work out the store, rank and world size of this process.
+
+    ``who`` names this process in messages (None: ``rank <rank>``; a process
+    joining a running job has no rank yet).
 
     Raises:
         RendezvousError: a required environment variable is missing or bad,
@@ -322,17 +327,18 @@ def resolve(
         if world_size < 0:
             world_size = (_int(environ["WORLD_SIZE"], "WORLD_SIZE") if environ.get("WORLD_SIZE") or not found
                           else found.world_size)
+        who = who or f"rank {rank}"
         refused = _rank_error(rank, world_size)
         if refused is not None:  # a client for a moment, to tell the others
             timeout = min(timeout, _REFUSAL_CONNECT_SECONDS)
         if launcher_store:  # asyncdist-run's own store, beside torch's at MASTER_ADDR:MASTER_PORT
-            attempt = AttemptStore(_refusing(refused, _launcher_store, launcher_store, rank, world_size, timeout),
+            attempt = AttemptStore(_refusing(refused, _launcher_store, launcher_store, rank, world_size, timeout, who),
                                    environ)
             return Plan(attempt, rank, world_size, advertise_host(attempt.host, environ), owns_store=True,
                         where=f"tcp://{launcher_store}", refused=refused)
         host, port = environ["MASTER_ADDR"], _int(environ["MASTER_PORT"], "MASTER_PORT")
-        _check_resolves(host, port, rank, "MASTER_ADDR")
-        made = _refusing(refused, _tcp_store, host, port, rank, world_size, timeout, environ)
+        _check_resolves(host, port, who, "MASTER_ADDR")
+        made = _refusing(refused, _tcp_store, host, port, rank, world_size, timeout, environ, who)
         if environ.get(AGENT_STORE_ENV, "").lower() in ("true", "1"):
             made = AttemptStore(made, environ)  # a restarted group must not see the last attempt's keys
         return Plan(made, rank, world_size, advertise_host(host, environ), owns_store=True,
@@ -340,14 +346,15 @@ def resolve(
 
     if rank < 0 or world_size < 0:
         raise InvalidArgumentError(f"{url.scheme}:// rendezvous needs rank and world_size (arguments or URL query)")
+    who = who or f"rank {rank}"
     if url.scheme == "tcp":
         if not url.hostname or url.port is None:
             raise InvalidArgumentError(f"tcp:// init_method needs host and port, got {init_method!r}")
         refused = _rank_error(rank, world_size)
         if refused is not None:
             timeout = min(timeout, _REFUSAL_CONNECT_SECONDS)
-        _check_resolves(url.hostname, url.port, rank, "the host of the tcp:// init_method")
-        made = _refusing(refused, _tcp_store, url.hostname, url.port, rank, world_size, timeout, environ)
+        _check_resolves(url.hostname, url.port, who, "the host of the tcp:// init_method")
+        made = _refusing(refused, _tcp_store, url.hostname, url.port, rank, world_size, timeout, environ, who)
         return Plan(made, rank, world_size, advertise_host(url.hostname, environ), owns_store=True,
                     where=f"tcp://{store_address(url.hostname, url.port)}", refused=refused)
     _check_rank(rank, world_size)

@@ -76,6 +76,7 @@ class WaitReports:
 
     Args:
         rank, world_size: who waits, in a job of how many.
+        who: how the messages name the waiting process (None: ``rank <rank>``).
         where: the rendezvous's address as the user wrote it.
         start, deadline: ``time.monotonic()`` readings: when the rendezvous began
             and when it times out.
@@ -86,8 +87,9 @@ class WaitReports:
     """
 
     def __init__(self, rank: int, world_size: int, where: str, start: float, deadline: float,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, who: str | None = None) -> None:
         self.rank, self.world_size, self.where = rank, world_size, where
+        self.who = who or f"rank {rank}"
         self._start, self._deadline = start, deadline
         self._every = report_every(environ)
         self._next = start + min(FIRST_REPORT_SECONDS, self._every) if self._every else float("inf")
@@ -110,14 +112,14 @@ class WaitReports:
     def report_unreachable(self, now: float, error: OSError) -> None:
         """Log that the store cannot be reached yet, with the OS's reason."""
         self._next = now + self._every
-        log.warning("rank %d: cannot reach the store at %s: %s; retrying (%s so far; timeout in %s)", self.rank,
+        log.warning("%s: cannot reach the store at %s: %s; retrying (%s so far; timeout in %s)", self.who,
                     self.where, error, duration(now - self._start), duration(self._deadline - now))
 
     def message(self, now: float, waiting_for: list[int], to: str = "") -> str:
         """The report's words."""
         who = ranks_named(waiting_for)
         doing = f" to {to}" if to else ""
-        return (f"rank {self.rank}: waiting at {self.where} for {who} of {self.world_size}{doing} "
+        return (f"{self.who}: waiting at {self.where} for {who} of {self.world_size}{doing} "
                 f"({duration(now - self._start)} so far; timeout in {duration(self._deadline - now)})")
 
 

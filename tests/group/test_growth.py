@@ -6,13 +6,16 @@ and its collectives give the values NumPy computes from the inputs. A grow
 with nobody waiting returns the group itself; a joiner with another secret
 is refused and raises, saying why; two joiners at once both get in; an
 admitted process that never connects fails the grow in time, not in a hang;
-grow and shrink compose both ways.
+grow and shrink compose both ways; a joiner's errors name it as a joining
+process, not by the rank it borrows to reach the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import socket
 import time
 
 import numpy as np
@@ -187,3 +190,15 @@ async def test_too_few_joiners_fail_the_grow_on_every_member_in_time() -> None:
     finally:
         await asyncio.gather(*(w.close() for w in worlds))
         store.close()
+
+
+async def test_a_joiner_that_cannot_reach_the_store_is_named_as_joining_not_as_a_rank(monkeypatch) -> None:
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("ASYNCDIST_SECRET", "s3cret")
+    with pytest.raises(RendezvousError) as refused:
+        await asyncdist.init_world(f"tcp://127.0.0.1:{port}", join=True, timeout=0.3)
+    assert re.match(rf"joining process \(pid {os.getpid()} on .*\): cannot use the store at 127\.0\.0\.1:{port}",
+                    str(refused.value)), refused.value
+    assert "rank 1" not in str(refused.value)
