@@ -30,11 +30,13 @@ read once and cached by :mod:`linecache`).
 
 from __future__ import annotations
 
+import io
 import linecache
 import os
 import sys
 import sysconfig
 import threading
+import tokenize
 from pathlib import Path
 from types import FrameType
 from typing import Any, Iterator
@@ -73,12 +75,25 @@ def _frames(innermost: FrameType) -> Iterator[FrameType]:
         frame = frame.f_back
 
 
+def _source(filename: str, line: int) -> str:
+    """Line ``line`` of ``filename``, without its comment, at most :data:`_CODE_CHARS` characters."""
+    text = linecache.getline(filename, line).strip()
+    if "#" in text:
+        try:  # a line that does not end its statement tokenizes up to its end, then raises
+            for token in tokenize.generate_tokens(io.StringIO(text).readline):
+                if token.type == tokenize.COMMENT:
+                    text = text[: token.start[1]].rstrip()
+                    break
+        except (tokenize.TokenError, SyntaxError):
+            pass
+    return text[:_CODE_CHARS]
+
+
 def _frame(frame: FrameType) -> dict[str, Any]:
     code = frame.f_code
     line = frame.f_lineno or 0
     return {"file": code.co_filename, "line": line, "function": getattr(code, "co_qualname", code.co_name),
-            "code": linecache.getline(code.co_filename, line).strip()[:_CODE_CHARS],
-            "origin": origin(code.co_filename)}  # fmt: skip
+            "code": _source(code.co_filename, line), "origin": origin(code.co_filename)}  # fmt: skip
 
 
 def capture(reason: str, clock: float) -> dict[str, Any]:

@@ -22,10 +22,10 @@ from asyncdist.flight.recorder import Recorder
 BOUND = 10.0
 
 
-def _blocked(lock: threading.Lock, ready: threading.Event) -> None:
+def _blocked(release: threading.Event, ready: threading.Event) -> None:
     ready.set()
-    lock.acquire()  # the loader blocks here
-    lock.release()
+    release.wait()  # the loader blocks here
+    ready.clear()
 
 
 def _line(marker: str) -> int:
@@ -33,20 +33,27 @@ def _line(marker: str) -> int:
     return next(n for n, line in enumerate(source, 1) if line.strip().endswith(marker))
 
 
+def _waits_in_condition(ident: int) -> bool:
+    """Whether thread ``ident`` is blocked in threading's Condition.wait (called from _blocked's Event.wait)."""
+    innermost = sys._current_frames()[ident]
+    return innermost.f_code.co_name == "wait" and innermost.f_code.co_filename == threading.__file__ and \
+        innermost.f_back is not None and innermost.f_back.f_back is not None and \
+        innermost.f_back.f_back.f_code.co_name == "_blocked"
+
+
 @pytest.fixture
 def loader() -> Iterator[threading.Thread]:
-    """A thread named 'loader' blocked in ``_blocked`` at its marked line until the test ends."""
-    lock, ready = threading.Lock(), threading.Event()
-    lock.acquire()
-    thread = threading.Thread(target=_blocked, args=(lock, ready), name="loader", daemon=True)
+    """A thread named 'loader' blocked in ``Event.wait``, called from ``_blocked`` at its marked line."""
+    release, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=_blocked, args=(release, ready), name="loader", daemon=True)
     thread.start()
     assert ready.wait(BOUND)
-    line, deadline = _line("# the loader blocks here"), time.monotonic() + BOUND
-    while sys._current_frames()[thread.ident].f_lineno != line:  # it is between set() and acquire()
+    deadline = time.monotonic() + BOUND
+    while not _waits_in_condition(thread.ident):  # it is between set() and wait()
         assert time.monotonic() < deadline
         time.sleep(0.001)
     yield thread
-    lock.release()
+    release.set()
     thread.join(BOUND)
 
 
@@ -59,12 +66,13 @@ def test_a_capture_holds_every_thread_with_its_frames_and_their_origin(loader: t
     assert (main["main"], main["loop"], main["ident"]) == (True, True, threading.main_thread().ident)
     assert (thread["main"], thread["loop"], thread["daemon"], thread["ident"]) == (False, False, True, loader.ident)
 
-    # Outermost first: threading's bootstrap, then run(), then this file's function, innermost.
-    innermost = thread["frames"][-1]
-    assert innermost == {"file": __file__, "line": _line("# the loader blocks here"), "function": "_blocked",
-                         "code": "lock.acquire()  # the loader blocks here", "origin": "user"}
-    assert [f["function"] for f in thread["frames"][:-1]][-1] == "Thread.run"
-    assert {f["origin"] for f in thread["frames"][:-1]} == {"library"}
+    # Outermost first: threading's bootstrap and run(), this file's function, then Event.wait's frames.
+    functions = [f["function"] for f in thread["frames"]]
+    assert functions[-4:] == ["Thread.run", "_blocked", "Event.wait", "Condition.wait"], functions
+    assert thread["frames"][-3] == {"file": __file__, "line": _line("# the loader blocks here"),
+                                    "function": "_blocked", "code": "release.wait()", "origin": "user"}  # no comment
+    assert [f["origin"] for f in thread["frames"]] == ["library"] * (len(functions) - 3) + ["user"] + ["library"] * 2
+    assert thread["frames"][-1]["file"] == threading.__file__
     assert main["frames"][-1]["function"] == "capture" and main["frames"][-1]["origin"] == "asyncdist"
 
 
@@ -107,7 +115,7 @@ def test_the_loop_thread_is_passed_over_for_the_thread_in_user_code(loader: thre
     assert (location.thread, location.main, location.inside) == ("loader", False, None)
     assert stacks.where_text(location) == (
         f"thread 'loader' is in tests/flight/test_stacks.py:{_line('# the loader blocks here')} in _blocked "
-        "(lock.acquire()  # the loader blocks here), outside any asyncdist call")
+        "(release.wait()), outside any asyncdist call")
 
 
 def _frame(file: str, line: int, function: str, origin: str) -> dict[str, Any]:

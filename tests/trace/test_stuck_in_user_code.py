@@ -65,7 +65,8 @@ def _dumped_at_a_failure(folder: str) -> bool:
 def _stall_line() -> tuple[int, str]:
     """The line where rank 2 stalls, and its source, read from this file."""
     source = Path(__file__).read_text().splitlines()
-    return next((n, line.strip()) for n, line in enumerate(source, 1) if line.strip().endswith("# rank 2 stalls here"))
+    marker = "  # rank 2 stalls here"
+    return next((n, line.strip()[: -len(marker)]) for n, line in enumerate(source, 1) if line.endswith(marker))
 
 
 def test_a_rank_stuck_in_user_code_is_found_at_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
