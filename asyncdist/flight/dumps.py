@@ -1,4 +1,4 @@
-"""Writing the flight recorder to disk: on failure, on SIGUSR1 and on demand.
+"""Writing the flight recorder to disk: on failure, on SIGUSR1, on demand and when a peer asks.
 
 A dump is one JSON file per rank, ``asyncdist-trace-rank<R>.json``, in
 ``ASYNCDIST_TRACE_DIR`` (the launcher sets it for its workers; unset, a
@@ -121,8 +121,8 @@ class Dumps:
         return target
 
     def on_failure(self, reason: str) -> None:
-        """A failure: freeze what the open operations wait on and dump now (into
-        ``directory``; nothing when there is none). The failures that follow in
+        """A failure: freeze what the open operations wait on, capture every
+        thread's stack and dump now (into ``directory``; nothing when there is none). The failures that follow in
         this loop turn (every operation that depended on a lost peer) rewrite
         it once at the end of the turn. Now, not later: the facade's caller may
         get the error and end the process before the loop turns again."""
@@ -140,11 +140,9 @@ class Dumps:
         self.recorder.freeze()
         self._dump(reason)
 
-    def capture_stacks(self, reason: str) -> dict[str, Any]:
-        """Capture every thread's stack now and keep it for the dumps; return it."""
-        captured = stacks.capture(reason, self.recorder.clock())
-        self.stacks = [*self.stacks, captured][-KEPT_CAPTURES:]
-        return captured
+    def capture_stacks(self, reason: str) -> None:
+        """Capture every thread's stack now and keep it for the dumps (the newest :data:`KEPT_CAPTURES`)."""
+        self.stacks = [*self.stacks, stacks.capture(reason, self.recorder.clock())][-KEPT_CAPTURES:]
 
     def _dump(self, reason: str) -> None:
         """Capture the stacks and write the dump, once per loop turn (the

@@ -16,10 +16,12 @@ its *origin*:
 Origins are decided here, in the process that ran the code, where the
 paths mean something; the analyzer on another machine only reads them.
 
-:func:`locate` picks the thread that matters (the main thread, unless it is
-the one capturing, as in the await API where the loop runs in the main
-thread) and its innermost ``user`` frame, and says whether an asyncdist call
-runs inward of it. :func:`where_text` puts that in words::
+:func:`locate` picks the thread that matters (:func:`chosen`: the main
+thread, unless it is the capturing loop's own thread with no asyncdist call
+of the user's running there, as in the await API; then the first other
+thread in user code) and its innermost ``user`` frame, and says which
+asyncdist call runs inward of it, if any. :func:`where_text` puts that in
+words::
 
     main thread is in job.py:7 in main (time.sleep(30)), outside any asyncdist call
 
