@@ -204,7 +204,8 @@ class Settings:
         "ASYNCDIST_TRACE_DIR", _text, None, "unset: failures dump nothing (SIGUSR1 and `dump_trace()` write to a new "
         "temporary folder); under `asyncdist-run`: `LOG_DIR/RUN_ID/attempt_N/trace`", "folder",
         "every rank, `asyncdist-run`", "where each rank writes its flight-recorder dump "
-        "(`asyncdist-trace-rank<R>.json`) on an operation timeout, a lost peer, a collective mismatch or SIGUSR1, "
+        "(`asyncdist-trace-rank<R>.json`, every thread's stack included) on an operation timeout, a lost peer, a "
+        "collective mismatch, SIGUSR1, a peer's hang warning or a peer's failed call, "
         "and where `dist.dump_trace()` writes by default; `asyncdist-run` sets it for its workers")
     hang_warn: float = _declare(
         "ASYNCDIST_HANG_WARN", _seconds(finite=True), 60.0, "60", "seconds", "every rank",

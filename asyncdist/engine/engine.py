@@ -317,6 +317,8 @@ class Engine:
             error = error_from_abort(frame)
             failed_here = self._mailbox.call_error(frame.ctx, frame.tag) is not None
             self.fail_call(frame.ctx, frame.tag, error)
+            if not failed_here:  # a call failed here has dumped already
+                self.flight.aborted(rank, error)
             watcher = self._abort_watchers.get(frame.ctx)
             if watcher is not None and not failed_here:
                 watcher(frame.tag, error)

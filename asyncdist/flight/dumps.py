@@ -1,15 +1,28 @@
-"""Writing the flight recorder to disk: on failure, on SIGUSR1 and on demand.
+"""Writing the flight recorder to disk: on failure, on SIGUSR1, on demand and when a peer asks.
 
 A dump is one JSON file per rank, ``asyncdist-trace-rank<R>.json``, in
 ``ASYNCDIST_TRACE_DIR`` (the launcher sets it for its workers; unset, a
 failure writes nothing and an on-demand dump goes to a fresh temporary
 folder). ``asyncdist-trace analyze`` reads a folder of them.
 
+Format version 2 adds ``stacks``: every thread's Python stack
+(:mod:`~asyncdist.flight.stacks`), captured at each failure, SIGUSR1 and
+peer's question, the last :data:`KEPT_CAPTURES` kept, oldest first. Version
+1 dumps have none; readers take a missing ``stacks`` as empty.
+
 A failure (an operation timeout, a lost peer, ranks that disagree) first
 *freezes* the record (each open operation notes the peers it waits on,
 before the failure withdraws its receives), then writes the dump at once;
 the other operations that fail in the same loop turn rewrite it once at
 the end of the turn.
+
+A rank is also *asked* to dump, by a peer that is in trouble: a hang
+warning's question (:class:`~asyncdist.wire.control.Where`) or a peer's
+failed call (an ABORT). It captures its stacks and writes its dump then
+(:meth:`Dumps.on_asked`), so that a rank stuck in its own code, which fails
+nothing itself, leaves a dump that says where it is. Many questions in a
+row (every waiting peer asks) capture and write once per
+:data:`ASKED_INTERVAL`.
 
 SIGUSR1 dumps every live engine of the process (the handler is installed
 from the main thread, and only where SIGUSR1 still has its default action).
@@ -22,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -33,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import settings
+from . import stacks
 from .recorder import Recorder, as_dict
 
 __all__ = ["Dumps", "TRACE_DIR_ENV", "dump_file", "install_sigusr1"]
@@ -40,7 +55,11 @@ __all__ = ["Dumps", "TRACE_DIR_ENV", "dump_file", "install_sigusr1"]
 log = logging.getLogger("asyncdist.trace")
 
 TRACE_DIR_ENV = settings.name_of("trace_dir")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Stack captures a dump keeps (the newest): the hang's, and the failure's that may follow.
+KEPT_CAPTURES = 4
+#: Seconds within which a further question from a peer captures and writes nothing new.
+ASKED_INTERVAL = 1.0
 
 _LIVE: weakref.WeakSet[Dumps] = weakref.WeakSet()  # what SIGUSR1 dumps
 
@@ -66,6 +85,8 @@ class Dumps:
         self.directory = directory if directory is not None else settings.current().trace_dir
         self.loop: asyncio.AbstractEventLoop | None = None
         self._reasons: list[str] = []  # failures of this loop turn, the first already dumped
+        self.stacks: list[dict[str, Any]] = []  # the captures kept, oldest first
+        self._asked_at = -math.inf  # when a peer's question last captured (recorder clock)
         _LIVE.add(self)
 
     def snapshot(self, reason: str) -> dict[str, Any]:
@@ -78,7 +99,7 @@ class Dumps:
             "capacity": recorder.capacity, "recorded": recorder.recorded,
             "lost": {str(rank): why for rank, why in recorder.lost.items()},
             "heard": {str(rank): answer for rank, answer in recorder.heard.items()},
-            "entries": [as_dict(entry) for entry in recorder.entries()],
+            "entries": [as_dict(entry) for entry in recorder.entries()], "stacks": self.stacks,
         }  # fmt: skip
 
     def write(self, path: str | os.PathLike[str] | None = None, reason: str = "on demand") -> Path:
@@ -100,24 +121,49 @@ class Dumps:
         return target
 
     def on_failure(self, reason: str) -> None:
-        """A failure: freeze what the open operations wait on and dump now (into
-        ``directory``; nothing when there is none). The failures that follow in
+        """A failure: freeze what the open operations wait on, capture every
+        thread's stack and dump now (into ``directory``; nothing when there is none). The failures that follow in
         this loop turn (every operation that depended on a lost peer) rewrite
         it once at the end of the turn. Now, not later: the facade's caller may
         get the error and end the process before the loop turns again."""
         self.recorder.freeze()  # for a dump on demand later, too
-        if self.directory is None or self.recorder.capacity == 0:
+        self._dump(reason)
+
+    def on_asked(self, reason: str) -> None:
+        """A peer in trouble asks this rank where it is (a hang warning's
+        question, an ABORT): capture the stacks and dump as for a failure,
+        at most once per :data:`ASKED_INTERVAL` (every waiting peer asks)."""
+        now = self.recorder.clock()
+        if self.recorder.capacity == 0 or now - self._asked_at < ASKED_INTERVAL:
+            return
+        self._asked_at = now
+        self.recorder.freeze()
+        self._dump(reason)
+
+    def capture_stacks(self, reason: str) -> None:
+        """Capture every thread's stack now and keep it for the dumps (the newest :data:`KEPT_CAPTURES`)."""
+        self.stacks = [*self.stacks, stacks.capture(reason, self.recorder.clock())][-KEPT_CAPTURES:]
+
+    def _dump(self, reason: str) -> None:
+        """Capture the stacks and write the dump, once per loop turn (the
+        turn's other reasons rewrite it once at its end)."""
+        if self.recorder.capacity == 0:
             return
         if self._reasons:  # this turn already dumped: once more at its end
             self._reasons.append(reason)
             return
+        self.capture_stacks(reason)
+        if self.directory is not None:
+            self._write_logged(reason)
+        try:
+            asyncio.get_running_loop().call_soon(self._rewrite)
+        except RuntimeError:
+            return  # no loop runs (a test's bare recorder): no turn to coalesce
         self._reasons.append(reason)
-        self._write_logged(reason)
-        asyncio.get_running_loop().call_soon(self._rewrite)
 
     def _rewrite(self) -> None:
         reasons, self._reasons = self._reasons, []
-        if len(reasons) > 1:
+        if len(reasons) > 1 and self.directory is not None:
             try:
                 self.write(reason="; ".join(dict.fromkeys(reasons)))
             except OSError:
@@ -125,6 +171,7 @@ class Dumps:
 
     def _on_signal(self) -> None:
         self.recorder.freeze()
+        self.capture_stacks("SIGUSR1")
         self._write_logged("SIGUSR1")
 
     def _write_logged(self, reason: str) -> None:

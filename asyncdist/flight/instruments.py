@@ -2,7 +2,8 @@
 the live counters and the hang warnings' questions to peers, in one part.
 
 The :class:`~asyncdist.engine.engine.Engine` owns one :class:`Flight` and
-hands it what only the engine sees (control frames, lost peers, its close);
+hands it what only the engine sees (control frames, peers' failed calls,
+lost peers, its close);
 the group layer and the channels reach its parts as ``engine.flight``.
 Configuration is read once, here: ``ASYNCDIST_TRACE_BUFFER``,
 ``ASYNCDIST_TRACE_DIR`` and ``ASYNCDIST_HANG_WARN``.
@@ -51,11 +52,20 @@ class Flight:
         self.dumps.world_size = world_size
 
     def control(self, rank: int, frame: Where | Here) -> None:
-        """A Where or Here frame from ``rank``."""
+        """A Where or Here frame from ``rank``. A question is a peer's hang
+        warning: this rank also captures its stacks and dumps, and the answer
+        says where its user's thread is."""
         if isinstance(frame, Where):
-            self.whereabouts.question(rank, frame)
+            self.dumps.on_asked(f"rank {rank}'s hang warning asked where this rank is")
+            self.whereabouts.question(rank, frame, self.dumps.stacks[-1] if self.dumps.stacks else None)
         else:
             self.whereabouts.answer(rank, frame)
+
+    def aborted(self, rank: int, error: BaseException) -> None:
+        """``rank`` failed a call and told this rank (an ABORT): capture the
+        stacks and dump, also when this rank is not in that call (it may be
+        the reason, stuck in its own code)."""
+        self.dumps.on_asked(f"rank {rank} failed a call ({type(error).__name__})")
 
     def peer_lost(self, rank: int, error: PeerLostError, *, orderly: bool, closing: bool) -> None:
         """The engine lost ``rank``: a failure to dump, unless this rank is closing, or

@@ -9,12 +9,17 @@ context (or, if it kept none, its latest of any) from its flight recorder,
 as JSON. The waiting rank then logs one warning that names them all::
 
     all_reduce #57 on group world has waited 60 s for rank 3, which is at
-    broadcast #56 (root 1) on group world (waiting for 61.2 s)
+    all_reduce #56 on group world (completed 61.2 s ago); its main thread is
+    in train.py:40 in load (time.sleep(3600)), outside any asyncdist call
 
 A peer's loop answers even while its user code is busy elsewhere (the
 facade runs the loop in its own thread), so a rank that skipped a call is
-found where it is. Nothing runs while nothing waits: the question rides on
-the deadline's timer of the waiting call (:func:`~asyncdist.engine.operation.arm_deadline`).
+found where it is: the answer carries its user's thread's innermost
+:data:`ANSWER_FRAMES` frames (:mod:`~asyncdist.flight.stacks`), and the
+question makes it capture all its stacks and dump
+(:meth:`~asyncdist.flight.dumps.Dumps.on_asked`). Nothing runs while
+nothing waits: the question rides on the deadline's timer of the waiting
+call (:func:`~asyncdist.engine.operation.arm_deadline`).
 
 Loop thread only.
 """
@@ -27,6 +32,7 @@ import logging
 from typing import Any, Mapping
 
 from .. import settings
+from . import stacks
 from .descriptions import Description, short
 from .recorder import Recorder
 from ..transport.stream import Connection
@@ -39,6 +45,9 @@ log = logging.getLogger("asyncdist.hang")
 HANG_WARN_ENV = settings.name_of("hang_warn")
 # How long the warning waits for the peers' answers before naming those that did not answer.
 _ANSWER_SECONDS = 5.0
+#: Frames of the user's thread an answer carries (the innermost): enough to pass a
+#: library's frames to the user's, small enough for a control frame (a few KiB).
+ANSWER_FRAMES = 16
 
 
 def hang_warn_from_env(environ: Mapping[str, str] | None = None) -> float:
@@ -63,7 +72,10 @@ def _peer_clause(rank: int, answer: dict[str, Any] | None, answered: bool) -> st
     if answer is None:
         return f"rank {rank}, which has recorded no operation"
     where = short(Description.from_dict(answer["described"], answer["desc"]), answer["seq"], answer["group"])
-    return f"rank {rank}, which is at {where} ({_state(answer)})"
+    clause = f"rank {rank}, which is at {where} ({_state(answer)})"
+    location = stacks.locate(answer["stack"]) if isinstance(answer.get("stack"), dict) else None
+    return clause if location is None else f"{clause}; its {stacks.where_text(location)}"
+
 
 
 class Whereabouts:
@@ -126,10 +138,14 @@ class Whereabouts:
         clauses = " and ".join(_peer_clause(p, answers.get(p), p in answers) for p in named)
         log.warning("rank %d: %s has waited %.3g s for %s", self._rank, what, waited, clauses)
 
-    def question(self, rank: int, frame: Where) -> None:
-        """A peer asks where this rank is in context ``frame.ctx``: answer it."""
-        answer = json.dumps(self._recorder.where(None if frame.any_context else frame.ctx))
-        self._send(rank, Here(self._rank, frame.ctx, frame.question, answer))
+    def question(self, rank: int, frame: Where, captured: dict[str, Any] | None = None) -> None:
+        """A peer asks where this rank is in context ``frame.ctx``: answer it,
+        with where the user's thread is in ``captured`` (a capture of
+        :func:`~asyncdist.flight.stacks.capture`; None: no stack)."""
+        where = self._recorder.where(None if frame.any_context else frame.ctx)
+        if where is not None and captured is not None and (stack := stacks.user_thread(captured, ANSWER_FRAMES)):
+            where["stack"] = stack
+        self._send(rank, Here(self._rank, frame.ctx, frame.question, json.dumps(where)))
 
     def answer(self, rank: int, frame: Here) -> None:
         """A peer answered question ``frame.question``."""

@@ -7,7 +7,10 @@ Three questions, each answered from the dumps alone:
 * **which ranks disagree**: a call number of a group that ranks entered
   with different descriptions (another op, size, root or dtype);
 * **which rank is behind**: ranks that wait in call #N of a group while
-  another rank's latest call of that group is below N, or in another call.
+  another rank's latest call of that group is below N, or in another call;
+  and, from the stacks in its dump (or in its answer to a hang warning),
+  where its user's thread is: the innermost frame of the user's code, and
+  the asyncdist call it is in, if any.
 
 The findings come out most telling first: a death explains everything
 after it, a disagreement explains the hang that follows it.
@@ -20,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..flight.descriptions import Description, short
+from ..flight.stacks import Location, locate, where_text
 from .load import Trace
 
-__all__ = ["Finding", "analyze", "as_text"]
+__all__ = ["Finding", "analyze", "as_text", "location"]
 
 _WAITING_ERRORS = ("OperationTimeoutError", "PeerLostError")
 
@@ -154,6 +158,17 @@ def _heard(trace: Trace, group: str) -> dict[int, dict[str, Any]]:
     return heard
 
 
+def location(trace: Trace, rank: int, heard: dict[str, Any] | None = None) -> Location | None:
+    """Where ``rank``'s user's thread is: from its dump's latest stack capture,
+    else from ``heard`` (its answer to a hang warning); None if neither tells."""
+    dump = trace.dumps.get(rank)
+    captures = dump.stacks if dump is not None else None
+    if captures:
+        return locate(captures[-1])
+    stack = (heard or {}).get("stack")
+    return locate(stack) if isinstance(stack, dict) else None
+
+
 def _behind(trace: Trace) -> list[Finding]:
     findings = []
     for group, calls in sorted(_calls(trace).items()):
@@ -180,8 +195,12 @@ def _behind(trace: Trace) -> list[Finding]:
                 at += f" as it told rank {mine['heard_by']}'s hang warning (it left no dump)"
             text = (f"rank {rank} is behind on group {group}: it {at}, while {_name(waiters)} "
                     f"wait in call #{call} ({entry['desc']})")
+            where = location(trace, rank, mine)
+            if where is not None:
+                text += f"; rank {rank}'s {where_text(where)}"
             findings.append(Finding("behind", text, [rank], group, call, {
-                "its_call": None if mine is None else mine["seq"], "waiting": waiters, "desc": entry["desc"]}))
+                "its_call": None if mine is None else mine["seq"], "waiting": waiters, "desc": entry["desc"],
+                "stack": None if where is None else where.as_dict()}))
     return findings
 
 

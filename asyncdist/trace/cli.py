@@ -6,7 +6,8 @@ Example::
     4 of 4 ranks dumped:
     - rank 3 is behind on group world: it is at all_reduce #56 on group world
       (all_reduce(sum, float32[4]), completed), while ranks [0, 1, 2] wait in
-      call #57 (all_reduce(sum, float32[4]))
+      call #57 (all_reduce(sum, float32[4])); rank 3's main thread is in
+      train.py:40 in load (time.sleep(3600)), outside any asyncdist call
     $ asyncdist-trace timeline /tmp/traces -o trace.json   # open in ui.perfetto.dev
 """
 

@@ -5,6 +5,9 @@ per rank that could write (a rank that died wrote none). Times in a dump are
 its rank's monotonic clock; :meth:`Dump.wall` turns them into wall-clock
 seconds with the pair (``wall_time``, ``clock_time``) the dump was written
 with, so that ranks on different hosts line up as well as their clocks do.
+
+Dumps of format version 1 and 2 read alike; version 2 adds each thread's
+stacks (:attr:`Dump.stacks`, empty for version 1).
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ class Dump:
     @property
     def entries(self) -> list[dict[str, Any]]:
         return self.data["entries"]
+
+    @property
+    def stacks(self) -> list[dict[str, Any]]:
+        """The stack captures it kept, oldest first (:func:`~asyncdist.flight.stacks.capture`); none in version 1."""
+        return self.data.get("stacks") or []
 
     def wall(self, clock: float) -> float:
         """Wall-clock seconds of a time in this rank's record."""
