@@ -296,7 +296,8 @@ def test_the_rank_that_raised_is_named_not_the_peers_that_relay_it(tmp_path: Pat
 
 
 # Rank 2 waits in user code for something that never comes; ranks 0 and 1 time
-# out in the next all_reduce (their hang warning asks rank 2 where it is first).
+# out in the next all_reduce (their hang warning asks rank 2 where it is first, and
+# its dump holds its stack: the summary says where it waits).
 STUCK_CALLS = 6  # all_reduces every rank completes, after init's barrier (call #0)
 STUCK_SCRIPT = f"""
 import threading
@@ -323,8 +324,10 @@ def test_the_rank_the_dumps_find_behind_is_named_before_the_first_to_exit(tmp_pa
     # Rank 2 completed call #STUCK_CALLS and never entered the next, which ranks 0 and 1 timed out in.
     match = re.fullmatch(
         rf"asyncdist-run: the job failed: rank 2 is behind on group world: it is at all_reduce #{STUCK_CALLS} "
-        rf"on group world \(.*\), while ranks \[0, 1\] wait in call #{STUCK_CALLS + 1} \(.*\) "
-        r"\(from the flight-recorder dumps\); the first worker to fail: worker rank ([01]) exited with code 1 .*",
+        rf"on group world \(.*\), while ranks \[0, 1\] wait in call #{STUCK_CALLS + 1} \(.*\); "
+        r"rank 2's main thread is in job\.py:11 in <module> \(threading\.Event\(\)\.wait\(\)\), outside any "
+        r"asyncdist call \(from the flight-recorder dumps\); the first worker to fail: worker rank ([01]) exited "
+        r"with code 1 .*",
         summary[0])
     assert match, summary[0]
     assert f"worker rank {match[1]} exited with code 1" in result.stderr  # the launcher saw it exit first
