@@ -14,7 +14,11 @@ So when torch is installed the launcher serves both, as two stores (kind
 ``--master-port``, a free port with ``--standalone``), exactly what torchrun's
 agent serves, and asyncdist's own store on a free port of its own, announced
 to the workers as ``ASYNCDIST_STORE_ADDR=host:port``, which asyncdist's
-env:// prefers. torch's store has no authentication, as under torchrun;
+env:// prefers. Serving torch's store means importing torch, seconds of CPU
+that a job of asyncdist scripts would pay for nothing: so on one node the
+launcher only listens on ``MASTER_PORT`` and starts torch's server there when
+the first client connects (:class:`TorchStoreOnDemand`); a client's
+connection waits in the listen queue meanwhile. torch's store has no authentication, as under torchrun;
 asyncdist's keeps it. Both bind the master address on one node (torch
 alone would listen on every interface) and every interface on several. Without torch, or with ``ASYNCDIST_AGENT_STORE=asyncdist``
 in the launcher's environment, asyncdist's store alone is at
@@ -46,19 +50,24 @@ stops its server.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import select
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping
 
-from .._torch import torch_or_none
 from ..errors import StoreError, StoreTimeoutError
 from ..rendezvous.init_method import store_address
 from ..rendezvous.tcp_store import TCPStore
 from ..rendezvous.waiting import FIRST_REPORT_SECONDS, duration, report_every
-from ..rendezvous.torch_store import AGENT_STORE_KIND_ENV, TorchStore, torch_store_client, torch_store_server
+from ..rendezvous.torch_store import (
+    AGENT_STORE_KIND_ENV, TorchStore, listen_on, torch_store_client, torch_store_server,
+)
 from .args import LaunchConfig
 
 __all__ = ["JobStores", "LaunchError", "open_stores", "store_kind", "STORE_PORT_KEY", "ATTEMPT_READY_KEY",
@@ -76,6 +85,75 @@ _PROBE_FIRST, _PROBE_MAX = 0.05, 1.0  # seconds between probes of node 0's port
 
 class LaunchError(Exception):
     """The launcher itself cannot go on (store port taken, master unreachable, ...)."""
+
+
+class TorchStoreOnDemand:
+    """torch's ``TCPStore`` server on a port that listens now, started when first
+    needed: when a client connects, or :meth:`server` is called (any thread).
+
+    Args:
+        host: the master's address (where the server's own client connects).
+        listener: the socket listening on the store's port; owned from now on.
+        timeout: seconds, the store's default timeout for its operations.
+    """
+
+    def __init__(self, host: str, listener: socket.socket, timeout: float) -> None:
+        self.port: int = listener.getsockname()[1]
+        self._host, self._listener, self._timeout = host, listener, timeout
+        self._server: TorchStore | None = None
+        self._failed: StoreError | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._wake_read, self._wake_write = os.pipe()
+        self._watcher = threading.Thread(target=self._serve_when_asked, name="asyncdist-run torch store", daemon=True)
+        self._watcher.start()
+
+    def server(self) -> TorchStore:
+        """torch's store, served from now on if it was not yet (blocking: imports torch).
+
+        Raises:
+            StoreError: torch's server could not start, or this was closed.
+        """
+        with self._lock:
+            if self._server is None and self._failed is None:
+                if self._closed:
+                    raise StoreError("torch's store was closed")
+                try:
+                    self._server = torch_store_server(self._host, 0, self._timeout, listener=self._listener)
+                except StoreError as exc:
+                    self._failed = exc
+            if self._server is None:
+                assert self._failed is not None
+                raise self._failed
+            return self._server
+
+    def _serve_when_asked(self) -> None:
+        listening = self._listener.fileno()
+        ready, _, _ = select.select([listening, self._wake_read], [], [])
+        if listening in ready and not self._closed:
+            try:
+                self.server()
+            except StoreError as exc:  # the client that connected will time out saying why
+                if self._closed:
+                    return
+                print(f"asyncdist-run: cannot serve torch's store on port {self.port}: {exc}", file=sys.stderr,
+                      flush=True)
+
+    def close(self) -> None:
+        """Stop the server (or stop listening, if it never started) and free the port (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.write(self._wake_write, b"x")
+        self._watcher.join()
+        with self._lock:
+            if self._server is not None:
+                self._server.close()
+            elif self._failed is None:
+                self._listener.close()
+            os.close(self._wake_read)
+            os.close(self._wake_write)
 
 
 @dataclass(slots=True)
@@ -97,7 +175,7 @@ class JobStores:
     store: TCPStore
     master_port: int
     store_addr: str | None = None
-    torch_store: TorchStore | None = None
+    torch_store: TorchStore | TorchStoreOnDemand | None = None
 
     def begin_attempt(self, attempt: int, timeout: float) -> bool:
         """Make torch's store fresh for restart ``attempt`` (blocking; any thread).
@@ -131,7 +209,7 @@ class JobStores:
         if old is not None:
             old.close()
         self.torch_store = _serve_torch(self.config, self.master_port)
-        if self.config.nnodes > 1:
+        if isinstance(self.torch_store, TorchStore):  # several nodes: served at once
             try:  # for a launcher that only now joins, as at the start
                 self.torch_store.set(STORE_PORT_KEY, str(self.store.port))
                 self.store.set(ready, "1")
@@ -148,11 +226,13 @@ class JobStores:
                 self.torch_store.close()
 
 
-def store_kind(environ: Mapping[str, str]) -> str:
-    """Which stores to serve: ``ASYNCDIST_AGENT_STORE`` if set, else ``"torch"`` when torch imports.
+def torch_installed() -> bool:
+    """Whether torch can be imported here (without importing it)."""
+    return importlib.util.find_spec("torch") is not None
 
-    Imports torch when it is installed and the variable does not say
-    ``asyncdist`` (the launcher needs it to serve torch's store).
+
+def store_kind(environ: Mapping[str, str]) -> str:
+    """Which stores to serve: ``ASYNCDIST_AGENT_STORE`` if set, else ``"torch"`` when torch is installed.
 
     Raises:
         LaunchError: the variable has another value, or says ``torch`` without torch.
@@ -162,7 +242,7 @@ def store_kind(environ: Mapping[str, str]) -> str:
         raise LaunchError(f"{AGENT_STORE_KIND_ENV} must be 'torch' or 'asyncdist', got {kind!r}")
     if kind == "asyncdist":
         return kind
-    if torch_or_none() is None:
+    if not torch_installed():
         if kind == "torch":
             raise LaunchError(f"{AGENT_STORE_KIND_ENV}=torch, but torch is not installed")
         return "asyncdist"
@@ -182,13 +262,20 @@ def _asyncdist_store(cfg: LaunchConfig, port: int, secret: str | None, what: str
         raise LaunchError(f"cannot {verb} {cfg.master_addr}:{port}: {exc}") from exc
 
 
-def _serve_torch(cfg: LaunchConfig, port: int) -> TorchStore:
+def _serve_torch(cfg: LaunchConfig, port: int) -> TorchStore | TorchStoreOnDemand:
+    """torch's store at ``port``: on demand on one node; at once on several, whose
+    launchers read the port of asyncdist's store there."""
     # As asyncdist's store: one node binds the master address (loopback by
     # default, where torch alone would listen on every interface); several
     # nodes every interface.
-    bind = cfg.master_addr if cfg.nnodes == 1 else ""
     try:
-        return torch_store_server(cfg.master_addr, port, JOIN_TIMEOUT.total_seconds(), bind=bind)
+        if cfg.nnodes == 1:
+            try:
+                listener = listen_on(cfg.master_addr, port)
+            except OSError as exc:
+                raise StoreError(f"cannot listen on {cfg.master_addr}:{port}: {exc}") from exc
+            return TorchStoreOnDemand(cfg.master_addr, listener, JOIN_TIMEOUT.total_seconds())
+        return torch_store_server(cfg.master_addr, port, JOIN_TIMEOUT.total_seconds(), bind="")
     except StoreError as exc:
         raise LaunchError(f"cannot serve the job's store on {cfg.master_addr}:{port}: {exc}") from exc
 
@@ -257,7 +344,7 @@ def open_stores(cfg: LaunchConfig, secret: str | None, kind: str) -> JobStores:
             _wait_for_listener(cfg.master_addr, cfg.master_port, JOIN_TIMEOUT.total_seconds())
         store = _asyncdist_store(cfg, cfg.master_port, secret, "the job's store")
         return JobStores(cfg, kind, store, store.port)
-    torch_store: TorchStore | None = None
+    torch_store: TorchStore | TorchStoreOnDemand | None = None
     if cfg.node_rank == 0:
         torch_store = _serve_torch(cfg, cfg.master_port)
         try:
@@ -265,7 +352,7 @@ def open_stores(cfg: LaunchConfig, secret: str | None, kind: str) -> JobStores:
         except BaseException:
             torch_store.close()
             raise
-        if cfg.nnodes > 1:
+        if isinstance(torch_store, TorchStore):  # several nodes: the others read the port there
             try:
                 torch_store.set(STORE_PORT_KEY, str(store.port))
             except StoreError as exc:

@@ -57,8 +57,8 @@ from ..settings import JOB_ID_ENV, SECRET_ENV
 from .store import Store
 
 __all__ = [
-    "TorchStore", "agent_store_is_torchs", "torch_store_client", "torch_store_server", "AGENT_STORE_KIND_ENV",
-    "RUN_ID_ENV",
+    "TorchStore", "agent_store_is_torchs", "torch_store_client", "torch_store_server", "listen_on",
+    "AGENT_STORE_KIND_ENV", "RUN_ID_ENV",
 ]
 
 #: ``torch`` or ``asyncdist``: whose protocol the launcher's store speaks.
@@ -206,8 +206,9 @@ def torch_store_client(host: str, port: int, timeout: float) -> TorchStore:
     return TorchStore(client, owned=True)
 
 
-def _listener(bind: str, port: int) -> socket.socket:
-    """A listening socket on ``bind:port`` (``""``: every interface, IPv6 too where possible)."""
+def listen_on(bind: str, port: int) -> socket.socket:
+    """A listening socket on ``bind:port`` (``""``: every interface, IPv6 too where possible), for
+    :func:`torch_store_server`."""
     if bind == "":
         if socket.has_dualstack_ipv6():
             return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=_BACKLOG)
@@ -216,7 +217,9 @@ def _listener(bind: str, port: int) -> socket.socket:
     return socket.create_server((bind, port), family=family, backlog=_BACKLOG)
 
 
-def torch_store_server(host: str, port: int, timeout: float, *, bind: str | None = None) -> TorchStore:
+def torch_store_server(
+    host: str, port: int, timeout: float, *, bind: str | None = None, listener: socket.socket | None = None,
+) -> TorchStore:
     """Serve a torch ``TCPStore`` on ``port`` (0: a free one), as torchrun's agent does (blocking).
 
     The server has no authentication, like torchrun's. Closing the returned
@@ -232,6 +235,8 @@ def torch_store_server(host: str, port: int, timeout: float, *, bind: str | None
             otherwise the socket is bound here (``SO_REUSEADDR``, so the port
             can be served again at once) and handed to torch
             (``master_listen_fd``), which closes it with the server.
+        listener: a socket listening already, to serve on instead (``port``
+            and ``bind`` unused); torch's server owns it from then on.
 
     Raises:
         StoreError: torch is not installed, or the port cannot be bound.
@@ -240,11 +245,12 @@ def torch_store_server(host: str, port: int, timeout: float, *, bind: str | None
     if torch is None:
         raise StoreError("torch is not installed, so torch's TCPStore cannot be served")
     fd = None
-    if bind is not None:
+    if listener is None and bind is not None:
         try:
-            listener = _listener(bind, port)
+            listener = listen_on(bind, port)
         except OSError as exc:
             raise StoreError(f"cannot listen on {bind or '*'}:{port}: {exc}") from exc
+    if listener is not None:
         port = listener.getsockname()[1]
         fd = listener.detach()  # torch's server owns it from now on
     try:

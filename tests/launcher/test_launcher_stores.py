@@ -10,6 +10,7 @@ The end-to-end runs are in ``test_run.py`` and
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import threading
 from datetime import timedelta
@@ -60,7 +61,9 @@ def test_with_torch_master_port_is_torchs_and_asyncdists_store_is_beside_it() ->
         client = torch.distributed.TCPStore("127.0.0.1", job.port, is_master=False, timeout=timedelta(seconds=10),
                                             wait_for_workers=False)
         client.set("/worker/attempt_0/k", "torch")
-        assert job.stores.torch_store is not None and job.stores.torch_store.get("/worker/attempt_0/k") == b"torch"
+        on_demand = job.stores.torch_store
+        assert isinstance(on_demand, stores_module.TorchStoreOnDemand)  # started by the client's connection
+        assert on_demand.server().get("/worker/attempt_0/k") == b"torch"
         del client
         # asyncdist's store serves the job's secret only.
         with pytest.raises(StoreError):
@@ -101,8 +104,34 @@ def test_on_one_node_torchs_store_listens_on_the_master_address_only() -> None:
     assert _listen_addresses(job.port) == set()
 
 
+ON_DEMAND = """
+import sys
+from datetime import timedelta
+from asyncdist.launcher.args import LaunchConfig
+from asyncdist.launcher.job import Job
+job = Job(LaunchConfig(command=(sys.executable, "job.py"), nproc_per_node=2, master_port=0, standalone=True),
+          {"ASYNCDIST_SECRET": "s", "PATH": "/usr/bin"})
+print("torch" in sys.modules)  # nothing asked for torch's store yet
+import torch.distributed       # a torch script's env:// connects to MASTER_PORT
+client = torch.distributed.TCPStore("127.0.0.1", job.port, is_master=False, timeout=timedelta(seconds=60),
+                                    wait_for_workers=False)
+client.set("k", "from a torch client")
+print(job.stores.torch_store.server().get("k").decode())
+del client
+job.close()
+"""
+
+
+def test_torchs_store_starts_when_its_first_client_connects_and_not_before() -> None:
+    """A job of asyncdist scripts never connects to MASTER_PORT: its launcher never imports torch."""
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, "-c", ON_DEMAND], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["False", "from a torch client"]
+
+
 def test_without_torch_asyncdists_store_alone_is_at_master_port(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stores_module, "torch_or_none", lambda: None)
+    monkeypatch.setattr(stores_module, "torch_installed", lambda: False)
     job = Job(_config(), {**ENV, "ASYNCDIST_STORE_ADDR": "127.0.0.1:1"})  # inherited from an outer job
     try:
         env = job.worker_env(1, restart_count=0)
@@ -119,7 +148,7 @@ def test_without_torch_asyncdists_store_alone_is_at_master_port(monkeypatch: pyt
 @pytest.mark.parametrize(("value", "message"), [("torch", "torch is not installed"), ("gloo", "must be 'torch' or")])
 def test_a_store_kind_that_cannot_be_served_is_a_launch_error(monkeypatch: pytest.MonkeyPatch, value: str,
                                                                message: str) -> None:
-    monkeypatch.setattr(stores_module, "torch_or_none", lambda: None)
+    monkeypatch.setattr(stores_module, "torch_installed", lambda: False)
     with pytest.raises(LaunchError, match=message):
         Job(_config(), {**ENV, "ASYNCDIST_AGENT_STORE": value})
 
@@ -187,11 +216,11 @@ def test_torch_store_is_served_afresh_on_the_same_port_for_a_restart() -> None:
     job = Job(_config(), ENV)
     try:
         port = job.port
-        assert job.stores.torch_store is not None
-        job.stores.torch_store.set("default_pg/0//cpu//rank_1", "attempt 0's address")
+        assert isinstance(job.stores.torch_store, stores_module.TorchStoreOnDemand)
+        job.stores.torch_store.server().set("default_pg/0//cpu//rank_1", "attempt 0's address")
         job.store.set("/worker/attempt_0/k", "kept")
         assert job.begin_attempt(0, timeout=1.0)  # the first attempt: nothing to do
-        assert job.stores.torch_store.check(["default_pg/0//cpu//rank_1"])
+        assert job.stores.torch_store.server().check(["default_pg/0//cpu//rank_1"])
         assert job.begin_attempt(1, timeout=1.0)
         assert job.port == port == int(job.worker_env(0, 1)["MASTER_PORT"])
         client = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10),
