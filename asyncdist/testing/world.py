@@ -16,35 +16,52 @@ from typing import AsyncIterator
 from ..group.process_group import ProcessGroup
 from ..rendezvous.hash_store import HashStore
 from ..group.world import init_world
+from .faults import FaultPlan
+from .injector import install, uninstall
 
 __all__ = ["local_world", "crash"]
 
 
 @contextlib.asynccontextmanager
-async def local_world(n: int, *, timeout: timedelta | float = 60.0) -> AsyncIterator[list[ProcessGroup]]:
+async def local_world(
+    n: int, *, timeout: timedelta | float = 60.0, faults: FaultPlan | str | None = None,
+) -> AsyncIterator[list[ProcessGroup]]:
     """Start ``n`` ranks in this loop; yield their world groups, indexed by rank.
 
-    Every group is closed on exit, also when the body raises.
+    Every group is closed on exit, also when the body raises. ``faults``: a
+    fault plan (:mod:`asyncdist.testing.faults`) installed from before the
+    ranks connect until they are closed; an error out of the body then notes it.
 
     Example::
 
         async with local_world(4) as ranks:
             await asyncio.gather(*(g.barrier() for g in ranks))
     """
+    plan = FaultPlan.of(faults)
+    injector = install(plan) if plan else None
     store = HashStore()
-    results = await asyncio.gather(
-        *(init_world(store=store, rank=r, world_size=n, timeout=timeout, group_name=f"local{n}") for r in range(n)),
-        return_exceptions=True,
-    )
-    worlds = [r for r in results if isinstance(r, ProcessGroup)]
-    errors = [r for r in results if isinstance(r, BaseException)]
+    worlds: list[ProcessGroup] = []
     try:
+        results = await asyncio.gather(
+            *(init_world(store=store, rank=r, world_size=n, timeout=timeout, group_name=f"local{n}") for r in range(n)),
+            return_exceptions=True,
+        )
+        worlds = [r for r in results if isinstance(r, ProcessGroup)]
+        errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
         yield worlds
+    except BaseException as exc:
+        if injector is not None:
+            exc.add_note(f"fault plan: {plan}")
+        raise
     finally:
+        if injector is not None:
+            injector.heal()  # nothing held back while the ranks say goodbye
         await asyncio.gather(*(w.close() for w in worlds), return_exceptions=True)
         store.close()
+        if injector is not None:
+            uninstall()
 
 
 def crash(group: ProcessGroup) -> None:
