@@ -222,11 +222,11 @@ class FaultPlan:
         *,
         ops: Sequence[str] = (ANY,),
         max_count: int = 8,
-        faults: int = 1,
+        count: int = 1,
         max_seconds: float = 0.5,
         spare: Iterable[int] = (0,),
     ) -> FaultPlan:
-        """Draw a plan of ``faults`` faults among ``kinds`` for ``ranks`` ranks from ``seed``.
+        """Draw a plan of ``count`` faults among ``kinds`` for ``ranks`` ranks from ``seed``.
 
         The same arguments always give the same plan. Durations are whole
         milliseconds up to ``max_seconds``; triggers count up to ``max_count``
@@ -245,7 +245,7 @@ class FaultPlan:
         rng = random.Random(seed)
         victims = [r for r in range(ranks) if r not in set(spare)] or list(range(ranks))
         return cls(tuple(_draw(rng, rng.choice(kinds), ranks, victims, ops, max_count, max_seconds)
-                         for _ in range(faults)), seed)  # fmt: skip
+                         for _ in range(count)), seed)  # fmt: skip
 
 
 def plans(ranks: int, kinds: Iterable[str] = ("kill",), **options: Any) -> Any:

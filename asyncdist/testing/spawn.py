@@ -37,7 +37,7 @@ from .. import settings
 from ..errors import DistTimeoutError
 from ..rendezvous.tcp_store import TCPStore
 from .faults import FaultPlan
-from .injector import RankKilled, install
+from .injector import RankKilled, install, installed
 
 __all__ = ["spawn", "RemoteTraceback"]
 
@@ -111,7 +111,8 @@ def spawn(
 
     ``fn`` and ``args`` must be picklable (a module-level function).
     ``faults``: a fault plan (:mod:`asyncdist.testing.faults`) each rank
-    installs before ``fn`` runs (``ASYNCDIST_FAULTS``); a rank it kills has
+    installs before ``fn`` runs (``ASYNCDIST_FAULTS``; None: the plan
+    installed in this process, the pytest plugin's, if any); a rank it kills has
     :class:`~asyncdist.testing.injector.RankKilled` as its result, and an
     error raised notes the plan.
 
@@ -132,7 +133,8 @@ def spawn(
         "ASYNCDIST_JOB_ID": uuid.uuid4().hex,
         **(env or {}),
     }
-    plan = FaultPlan.of(faults)
+    active = installed()
+    plan = FaultPlan.of(faults) if faults is not None or active is None else active.plan
     if plan:
         base_env[settings.name_of("faults")] = str(plan)
     # The store is authenticated with the ranks' secret: only they may use it.

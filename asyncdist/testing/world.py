@@ -17,7 +17,7 @@ from ..group.process_group import ProcessGroup
 from ..rendezvous.hash_store import HashStore
 from ..group.world import init_world
 from .faults import FaultPlan
-from .injector import install, uninstall
+from .injector import install, installed, uninstall
 
 __all__ = ["local_world", "crash"]
 
@@ -56,8 +56,8 @@ async def local_world(
             exc.add_note(f"fault plan: {plan}")
         raise
     finally:
-        if injector is not None:
-            injector.heal()  # nothing held back while the ranks say goodbye
+        if (active := installed()) is not None:
+            active.heal()  # nothing held back while the ranks say goodbye (also the pytest plugin's plan)
         await asyncio.gather(*(w.close() for w in worlds), return_exceptions=True)
         store.close()
         if injector is not None:

@@ -65,8 +65,8 @@ def test_a_clause_that_is_no_fault_is_refused_by_name(text: str, why: str) -> No
 
 def test_the_same_seed_draws_the_same_plan_and_others_differ() -> None:
     kinds = tuple(KINDS)
-    drawn = [FaultPlan.random(seed, 4, kinds, faults=3) for seed in range(40)]
-    assert drawn == [FaultPlan.random(seed, 4, kinds, faults=3) for seed in range(40)]
+    drawn = [FaultPlan.random(seed, 4, kinds, count=3) for seed in range(40)]
+    assert drawn == [FaultPlan.random(seed, 4, kinds, count=3) for seed in range(40)]
     assert len({str(p) for p in drawn}) == 40
     assert {type(f).__name__.lower() for p in drawn for f in p.faults} == set(KINDS)
     assert all(p.seed == seed and len(p.faults) == 3 for seed, p in enumerate(drawn))
@@ -87,7 +87,7 @@ def test_random_refuses_unknown_kinds_and_a_world_of_one() -> None:
         FaultPlan.random(0, 1)
 
 
-@given(plans(5, tuple(KINDS), faults=4, ops=("all_reduce", "send", "any")))
+@given(plans(5, tuple(KINDS), count=4, ops=("all_reduce", "send", "any")))
 def test_every_drawn_plan_reads_back_as_itself(plan: FaultPlan) -> None:
     assert FaultPlan.parse(str(plan)) == plan
     assert str(FaultPlan.parse(str(plan))) == str(plan)
