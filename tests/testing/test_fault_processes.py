@@ -15,7 +15,8 @@ import pytest
 import asyncdist as dist
 from asyncdist.errors import AsyncDistError, PeerLostError
 from asyncdist.testing import spawn
-from asyncdist.testing.injector import RankKilled
+from asyncdist.testing.faults import FaultPlan
+from asyncdist.testing.injector import RankKilled, install, uninstall
 
 HEARTBEAT = {"ASYNCDIST_HEARTBEAT_INTERVAL": "0.05", "ASYNCDIST_HEARTBEAT_TIMEOUT": "0.25"}
 TIMEOUT = 30
@@ -107,3 +108,12 @@ def test_a_refused_rank_cannot_join() -> None:
         spawn(3, sums, 1, faults="refuse 2", env=HEARTBEAT, timeout=TIMEOUT)
     assert "(raised on rank 2 of 3)" in info.value.__notes__
     assert "fault plan: refuse 2" in info.value.__notes__
+
+
+def test_spawn_runs_the_plan_installed_in_its_process() -> None:
+    install(FaultPlan.parse("kill 1 at all_reduce#2"))  # as the pytest plugin's marker does
+    try:
+        results = spawn(2, sums, 3, env=HEARTBEAT, timeout=TIMEOUT)
+    finally:
+        uninstall()
+    assert results[1] == RankKilled(1, "SIGKILL") and results[0][:2] == ([3.0], ("PeerLostError", 1))
