@@ -25,7 +25,7 @@ replays it, in a report section "asyncdist fault plan".
 from __future__ import annotations
 
 import zlib
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import pytest
 
@@ -120,13 +120,16 @@ def faults(request: pytest.FixtureRequest, _asyncdist_fault_plan: None) -> Fault
     return item.stash[_PLAN] if _PLAN in item.stash else FaultPlan(seed=_seed(item))
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Add the test's plan, and how to replay it, to the report of a failure under one."""
+    report = yield
     plan = item.stash.get(_PLAN, None)
     if report.failed and plan:
         report.sections.append((
             "asyncdist fault plan",
             f"{plan}\nreplay: pytest '{item.nodeid}' {_OPTION}={item.stash[_SEED]}",
         ))  # fmt: skip
+    return report

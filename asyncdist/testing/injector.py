@@ -47,7 +47,7 @@ from ..flight.descriptions import Description
 from ..transport import injection
 from .faults import ANY, Cut, Delay, FaultPlan, Kill, Partition, Pause, Refuse, Slow
 
-__all__ = ["Injector", "LinkGate", "RankKilled", "install", "uninstall", "installed"]
+__all__ = ["Injector", "LinkGate", "RankKilled", "install", "uninstall", "installed", "note_plan"]
 
 
 class RankKilled(BaseException):
@@ -373,6 +373,12 @@ def uninstall() -> None:
     while _INSTALLED:
         for gate in _INSTALLED.pop()._gates.values():
             gate.flush()
+
+
+def note_plan(error: BaseException, plan: FaultPlan) -> None:
+    """Note ``plan`` on ``error``, so that its traceback shows it (Python 3.11+)."""
+    if hasattr(error, "add_note"):
+        error.add_note(f"fault plan: {plan}")
 
 
 def installed() -> Injector | None:

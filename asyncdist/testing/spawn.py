@@ -37,7 +37,7 @@ from .. import settings
 from ..errors import DistTimeoutError
 from ..rendezvous.tcp_store import TCPStore
 from .faults import FaultPlan
-from .injector import RankKilled, install, installed
+from .injector import RankKilled, install, installed, note_plan
 
 __all__ = ["spawn", "RemoteTraceback"]
 
@@ -155,7 +155,7 @@ def spawn(
         return _collect(procs, results, timeout, plan.kills)
     except BaseException as exc:
         if plan:
-            exc.add_note(f"fault plan: {plan}")
+            note_plan(exc, plan)
         raise
     finally:
         for proc in procs:

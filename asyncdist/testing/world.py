@@ -17,7 +17,7 @@ from ..group.process_group import ProcessGroup
 from ..rendezvous.hash_store import HashStore
 from ..group.world import init_world
 from .faults import FaultPlan
-from .injector import install, installed, uninstall
+from .injector import install, installed, note_plan, uninstall
 
 __all__ = ["local_world", "crash"]
 
@@ -53,7 +53,7 @@ async def local_world(
         yield worlds
     except BaseException as exc:
         if injector is not None:
-            exc.add_note(f"fault plan: {plan}")
+            note_plan(exc, plan)
         raise
     finally:
         if (active := installed()) is not None:
