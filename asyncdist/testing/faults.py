@@ -5,19 +5,19 @@ test writes and what a failure prints, and ``FaultPlan.parse(str(plan)) == plan`
 
     seed 7; kill 2 at all_reduce#3; delay 0-1 5ms~2ms; cut 1-3 after 200ms for 2s
 
-=========================================  ==========================================================
-``kill R at OP#K``                         rank R dies (SIGKILL) as it starts its K-th ``OP``
-``pause R at OP#K for T``                  rank R stops (SIGSTOP) for T seconds as it starts it
-``delay A-B D`` / ``delay * D~J``          frames on link A-B (every link: ``*``) leave D later,
-                                           plus up to J drawn from the seed
-``slow A-B RATE``                          link A-B carries RATE bytes per second (``10MB/s``)
-``cut A-B [at OP#K | after S] for T``      link A-B carries nothing for T seconds, then heals
-``partition 0,1|2,3 [at OP#K] for T``      no link between the sets carries anything for T seconds
-``refuse R``                               rank R's connections at init fail
-=========================================  ==========================================================
+| text | what |
+|---|---|
+| ``kill R at OP#K`` | rank R dies (SIGKILL) as it starts its K-th ``OP`` |
+| ``pause R at OP#K for T`` | rank R stops (SIGSTOP) for T seconds as it starts it |
+| ``delay A-B D``, ``delay * D~J`` | frames on link A-B (``*``: every link) leave D later, plus up to J (seeded) |
+| ``slow A-B RATE`` | link A-B carries RATE bytes per second (``10MB/s``) |
+| ``cut A-B [at OP#K, after S] for T`` | link A-B carries nothing for T seconds, then heals |
+| ``partition SIDES [at OP#K] for T`` | no link between two sets of ranks carries anything for T seconds |
+| ``refuse R`` | rank R's connections at init fail |
 
-``OP`` is an operation's name as the flight recorder writes it (``all_reduce``,
-``barrier``, ``send``, ``recv``, ...) or ``any``; K counts from 1, per rank, from
+SIDES are sets of ranks joined by bars: ``0,1|2,3``. ``OP`` is an operation's
+name as the flight recorder writes it (``all_reduce``, ``barrier``, ``send``,
+``recv``, ...) or ``any``; K counts from 1, per rank, from
 the moment the plan is installed (the world's startup barrier is not counted).
 Durations take ``us``, ``ms`` or ``s``; rates ``B/s``, ``KB/s``, ``MB/s``, ``GB/s``
 (powers of 1000). A cut or partition starts as each rank of a link starts its

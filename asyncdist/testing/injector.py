@@ -15,16 +15,11 @@ seams that cost nothing while no plan is installed:
 
 The same plan does the same thing in both settings, by their own means:
 
-=========  ==========================================  ===========================================
-fault      ranks in one loop                           rank processes
-=========  ==========================================  ===========================================
-kill       :func:`~asyncdist.testing.crash`, and       SIGKILL of the rank's process
-           :class:`RankKilled` raised into the
-           operation (and every later one) of the rank
-pause      every link of the rank holds its frames;    SIGSTOP, and SIGCONT from a helper process
-           its heartbeat declares nobody lost
-links      the sending side's gate, in that process    the same
-=========  ==========================================  ===========================================
+| fault | ranks in one loop | rank processes |
+|---|---|---|
+| kill | :func:`~asyncdist.testing.crash`; :class:`RankKilled` raised into this and later operations | SIGKILL |
+| pause | the rank's links hold their frames; its heartbeat declares nobody lost | SIGSTOP, later SIGCONT |
+| links | the sending side's gate, in that process | the same |
 
 Jitter is drawn per link direction from ``(seed, source, destination)``,
 so it does not depend on how the ranks' frames interleave. Loop thread
