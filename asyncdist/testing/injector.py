@@ -284,8 +284,9 @@ class Injector:
     def _pause(self, engine: Any, seconds: float) -> None:
         if self.processes:
             # A stopped process cannot wake itself: a shell started now sends SIGCONT.
+            # It stays in the rank's process group, which spawn kills at the end.
             subprocess.Popen(["/bin/sh", "-c", f"sleep {seconds:.6f}; kill -CONT {os.getpid()}"],
-                             stdin=subprocess.DEVNULL, start_new_session=False)  # fmt: skip
+                             stdin=subprocess.DEVNULL)  # fmt: skip
             os.kill(os.getpid(), signal.SIGSTOP)
             return
         now = asyncio.get_running_loop().time()
