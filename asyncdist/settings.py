@@ -245,6 +245,13 @@ class Settings:
     pinned_pool_bytes: int = _declare(
         "ASYNCDIST_PINNED_POOL_BYTES", _bytes, 1 << 30, "1073741824 (1 GiB)", "bytes", "gpu",
         "idle pinned host memory kept per device adapter ([GPU](gpu.md))")
+    faults: str | None = _declare(
+        "ASYNCDIST_FAULTS", _text, None, "unset: no faults", "a fault plan", "testing",
+        "the fault plan a rank process of `asyncdist.testing.spawn` installs before it runs (set by "
+        "`spawn(..., faults=...)`; [Testing](testing.md))")
+    seed: int | None = _declare(
+        "ASYNCDIST_SEED", _whole("a whole number >= 0"), None, "unset: each test's own", "a whole number",
+        "testing", "the seed of the pytest plugin's fault plans, as `--asyncdist-seed` ([Testing](testing.md))")
     environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod

@@ -84,7 +84,7 @@ def test_refresh_reads_the_environment_again(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_every_name_is_declared_once() -> None:
     names = [v.name for v in settings.VARIABLES] + [n for f in settings.LAUNCHER_VARIABLES for n in f.names]
-    assert len(names) == len(set(names)) == 45
+    assert len(names) == len(set(names)) == 47
     assert settings.name_of("spin") == "ASYNCDIST_SPIN_US"
 
 

@@ -282,6 +282,13 @@ class Engine:
     def _silent(self, rank: int, error: PeerLostError) -> None:  # the heartbeat's verdict; it may be only paused
         self.faults.expel(rank, f"rank {self.rank} heard nothing from it within the heartbeat timeout", error)
 
+    def stall(self, seconds: float) -> None:
+        """Count this rank as stopped for ``seconds`` (a fault plan's pause in one loop,
+        :mod:`asyncdist.testing.injector`): its heartbeat declares nobody lost until
+        one tick after it resumes, as a stopped process's first late tick would not."""
+        assert self._loop is not None, "listen() first"
+        self._heartbeat.stalled_until = self._loop.time() + seconds + self._heartbeat.period
+
     def cancel_recv(self, recv: PostedRecv) -> bool:
         """Withdraw a receive that has not matched yet; True if it was withdrawn."""
         return self._mailbox.cancel(recv)

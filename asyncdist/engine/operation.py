@@ -40,7 +40,13 @@ from .progress import Awaited, timeout_message
 from ..wire.frames import Header, Kind
 from .deadlines import Deadlines
 
-__all__ = ["Operation", "OperationHost", "arm_deadline", "open_message", "wait_until"]
+__all__ = ["Operation", "OperationHost", "arm_deadline", "open_message", "wait_until", "ON_OPEN"]
+
+#: ``ON_OPEN(engine, kind, seq, description)``, called as each recorded operation
+#: opens, before anything else: a fault plan's (:mod:`asyncdist.testing.injector`)
+#: counts operations there and may kill or pause the rank. None unless a plan is
+#: installed (one test of a module global per operation).
+ON_OPEN: Callable[[Any, str, int, Description], None] | None = None
 
 # Seconds after which an operation whose deadline passed between two of its waits is asked again.
 _NOTHING_AWAITED_RETRY = 0.001
@@ -168,6 +174,8 @@ class Operation:
         started: bool = False,
         timed: bool = True,
     ) -> None:
+        if ON_OPEN is not None and record:
+            ON_OPEN(engine, kind, seq, description)
         self._engine = engine
         self.kind = kind
         self.ctx = ctx

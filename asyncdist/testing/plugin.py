@@ -79,7 +79,10 @@ except ImportError:  # local_ranks then says what is missing
 else:
     _HAVE_PYTEST_ASYNCIO = True
 
-__all__ = ["world_size", "local_ranks", "spawn_ranks"]
+from .fault_plugin import _asyncdist_fault_plan, add_fault_options, configure_faults, faults, marked_world_size
+from .fault_plugin import pytest_runtest_makereport  # noqa: F401  (pytest finds the hook here)
+
+__all__ = ["world_size", "local_ranks", "spawn_ranks", "faults", "_asyncdist_fault_plan"]
 
 #: The world size of a test that asks for one without the marker.
 DEFAULT_WORLD_SIZE = 2
@@ -99,9 +102,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"default {LOCAL_RANKS_TIMEOUT:g} and {SPAWN_TIMEOUT:g})",
         default="",
     )
+    add_fault_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    configure_faults(config)
     config.addinivalue_line(
         "markers",
         f"{_MARKER}(n, ...): run the test once per world size n; "
@@ -147,7 +152,7 @@ def _sizes(marker: pytest.Mark, nodeid: str) -> list[int]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    marker = metafunc.definition.get_closest_marker(_MARKER)
+    marker = metafunc.definition.get_closest_marker(_MARKER) or marked_world_size(metafunc.definition)
     if marker is None:
         return
     sizes = _sizes(marker, metafunc.definition.nodeid)

@@ -36,6 +36,8 @@ from typing import Any, Callable
 from .. import settings
 from ..errors import DistTimeoutError
 from ..rendezvous.tcp_store import TCPStore
+from .faults import FaultPlan
+from .injector import RankKilled, install, installed, note_plan
 
 __all__ = ["spawn", "RemoteTraceback"]
 
@@ -81,7 +83,9 @@ def _rank_main(rank: int, env: dict[str, str], fn: Callable[..., Any], args: tup
     os.setpgid(0, 0)  # lead a process group, so that spawn can end whatever this rank starts
     os.environ.pop("ASYNCDIST_STORE_ADDR", None)  # an outer asyncdist-run's store, not the parent's
     os.environ.update(env)
-    settings.refresh()  # this rank's variables, not those its import read
+    plan = settings.refresh().faults  # this rank's variables, not those its import read
+    if plan:
+        install(FaultPlan.parse(plan), processes=True)  # kills and pauses by signals, in this process
     try:
         results.put(_outcome(rank, fn, args))
         # In the queue before this rank's sockets close: a peer's error about the
@@ -101,10 +105,16 @@ def spawn(
     *args: Any,
     timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    faults: FaultPlan | str | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``n`` rank processes; return their results by rank.
 
     ``fn`` and ``args`` must be picklable (a module-level function).
+    ``faults``: a fault plan (:mod:`asyncdist.testing.faults`) each rank
+    installs before ``fn`` runs (``ASYNCDIST_FAULTS``; None: the plan
+    installed in this process, the pytest plugin's, if any); a rank it kills has
+    :class:`~asyncdist.testing.injector.RankKilled` as its result, and an
+    error raised notes the plan.
 
     Raises:
         Exception: the first error raised by a rank, with ``rank`` noted and
@@ -123,6 +133,10 @@ def spawn(
         "ASYNCDIST_JOB_ID": uuid.uuid4().hex,
         **(env or {}),
     }
+    active = installed()
+    plan = FaultPlan.of(faults) if faults is not None or active is None else active.plan
+    if plan:
+        base_env[settings.name_of("faults")] = str(plan)
     # The store is authenticated with the ranks' secret: only they may use it.
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, secret=base_env["ASYNCDIST_SECRET"])
     base_env["MASTER_PORT"] = str(store.port)
@@ -138,7 +152,11 @@ def spawn(
     try:
         for proc in procs:
             proc.start()
-        return _collect(procs, results, timeout)
+        return _collect(procs, results, timeout, plan.kills)
+    except BaseException as exc:
+        if plan:
+            note_plan(exc, plan)
+        raise
     finally:
         for proc in procs:
             if proc.is_alive():
@@ -152,7 +170,7 @@ def spawn(
         store.close()
 
 
-def _collect(procs: list, results: Any, timeout: float) -> list[Any]:
+def _collect(procs: list, results: Any, timeout: float, doomed: frozenset[int] = frozenset()) -> list[Any]:
     n = len(procs)
     values: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
@@ -162,9 +180,14 @@ def _collect(procs: list, results: Any, timeout: float) -> list[Any]:
             missing = sorted(set(range(n)) - set(values))
             raise DistTimeoutError(f"ranks {missing} did not finish within {timeout:g} s")
         try:
-            rank, ok, value = pickle.loads(results.get(timeout=min(remaining, 0.5)))
+            rank, ok, value = pickle.loads(results.get(timeout=min(remaining, 0.1)))
         except queue.Empty:
             dead = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
+            killed = [r for r in dead if r in doomed and procs[r].exitcode == -signal.SIGKILL]
+            for r in killed:  # the plan's kill, not an error
+                values[r] = RankKilled(r, "SIGKILL")
+            if killed:
+                continue
             if dead:
                 # Let a last result in flight arrive before blaming the exit.
                 try:

@@ -133,6 +133,10 @@ class Heartbeat:
         self._ping = encode_control(Ping(rank))
         self._task: asyncio.Task | None = None
         self._last_tick = 0.0
+        #: Loop time before which a tick declares nobody lost, as a late one: set
+        #: while a test's fault plan pauses this rank in one loop (:meth:`Engine.stall
+        #: <asyncdist.engine.engine.Engine.stall>`), which a stopped process's late tick is.
+        self.stalled_until = 0.0
 
     @property
     def period(self) -> float:
@@ -162,7 +166,7 @@ class Heartbeat:
     def beat(self, now: float) -> None:
         """One check at loop time ``now``: ping idle streams, drop silent peers."""
         since = now - self._last_tick
-        late = since > 2 * self.period
+        late = since > 2 * self.period or now < self.stalled_until
         self._last_tick = now
         interval, timeout = self.config.interval, self.config.timeout
         for rank, connection in list(self._connections.items()):

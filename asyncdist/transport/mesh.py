@@ -38,7 +38,9 @@ import socket
 from typing import Callable
 
 from .._refusals import RefusalLog
+from ..errors import PeerLostError
 from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
+from . import injection
 from .connect import accept_handshake, describe_peer, dial, open_listener, raise_open_files_limit
 
 __all__ = ["Mesh", "MAX_PENDING_HANDSHAKES", "ACCEPT_BACKOFF_SECONDS", "ACCEPT_BACKOFF_MAX_SECONDS"]
@@ -118,6 +120,8 @@ class Mesh:
             PeerLostError: the peer cannot be reached.
             HandshakeError: the peer is not a rank of this job, or refused us.
         """
+        if injection.INJECTOR is not None and injection.INJECTOR.refused(self.me.rank, peer):  # a fault plan's
+            raise PeerLostError(f"cannot connect to rank {peer} at {host}:{port}: refused (fault plan)", peer)
         self._attach(peer, *await dial(asyncio.get_running_loop(), host, port, self.me, peer))
 
     def _start_accepting(self) -> None:

@@ -45,7 +45,7 @@ from ..errors import PeerLostError, ProtocolError
 from ..wire.control import ControlFrame, Done, encode_control
 from ..wire.frames import FrameDecoder, FrameSink, Header, Kind, encode_header
 from ..wire.handshake import PeerMemoryReader
-from . import cma
+from . import cma, injection
 from .shm_link import ShmLink, ShmPoller
 
 __all__ = ["Connection", "Fold"]
@@ -131,7 +131,35 @@ class Connection:
         self.last_received = self.last_sent = loop.time()
         self._reading = False  # inside _read: a failed write must not read again
         self._short_read_ends = not type(loop).__module__.startswith(_READS_PAST_SHORT)
+        self.gate: injection.Gate | None = None  # a fault plan's, for this direction of the link
+        if injection.INJECTOR is not None and (gate := injection.INJECTOR.gate(me, peer)) is not None:
+            self._pass_through(gate)
         loop.add_reader(self._fd, self._read)
+
+    def _pass_through(self, gate: injection.Gate) -> None:
+        """Send every frame through ``gate`` (:mod:`.injection`): instance attributes
+        shadow the two send methods, so a connection without a gate pays nothing."""
+        self.gate = gate
+        send_frame, send_message = self.send_frame, self.send_message
+
+        def gated_frame(header: bytes, payload: memoryview | None) -> asyncio.Future | None:
+            return gate.send(lambda: self._late(header, payload) if self.closed else send_frame(header, payload),
+                             len(header) + (payload.nbytes if payload else 0))  # fmt: skip
+
+        def gated_message(header: Header, payload: memoryview | None) -> asyncio.Future | None:
+            return gate.send(lambda: self._late(encode_header(header), payload) if self.closed
+                             else send_message(header, payload), 64 + (payload.nbytes if payload else 0))  # fmt: skip
+
+        self.send_frame = gated_frame  # type: ignore[method-assign]
+        self.send_message = gated_message  # type: ignore[method-assign]
+
+    def _late(self, header: bytes, payload: memoryview | None) -> None:
+        """Write a frame the gate held past this end's close, before the socket's
+        held-back close: the kernel would have sent it before the FIN (best effort)."""
+        try:
+            self._sock.send(header + (bytes(payload) if payload is not None else b""))
+        except OSError:
+            pass
 
     # -- writing -----------------------------------------------------------
 
@@ -398,6 +426,13 @@ class Connection:
         self._awaiting_done.clear()
         if self.rings is not None:
             self.rings.close()
+        if self.gate is not None:  # the peer of a cut link sees the end only once it heals
+            self.gate.fail(error)
+            self.gate.close(self._close_socket)
+        else:
+            self._close_socket()
+
+    def _close_socket(self) -> None:
         try:
             self._sock.close()
         except OSError:
