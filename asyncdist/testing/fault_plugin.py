@@ -10,7 +10,10 @@ Part of the plugin (:mod:`.plugin` imports these names, so pytest finds them the
     ``kinds=[...]`` instead of ``faults=`` draws the plan from the test's seed
     with :meth:`FaultPlan.random <asyncdist.testing.faults.FaultPlan.random>`;
     the marker's other keywords (``ops``, ``max_count``, ``count``,
-    ``max_seconds``, ``spare``) are passed to it.
+    ``max_seconds``, ``spare``) are passed to it. ``virtual_time=True`` runs
+    ``local_ranks`` on :func:`~asyncdist.testing.virtual_time`, so that a
+    plan's pauses and cuts, and the heartbeat timeouts they cause, cost no
+    real time.
 
 ``faults`` (fixture)
     The test's plan (empty without the marker); its ``seed`` is the test's
@@ -33,7 +36,8 @@ from .. import settings
 from .faults import FaultPlan
 from .injector import install, installed, uninstall
 
-__all__ = ["add_fault_options", "configure_faults", "marked_world_size", "faults", "pytest_runtest_makereport"]
+__all__ = ["add_fault_options", "configure_faults", "marked_world_size", "marked_virtual_time", "faults",
+           "pytest_runtest_makereport"]
 
 MARKER = "asyncdist"
 _OPTION = "--asyncdist-seed"
@@ -52,8 +56,9 @@ def configure_faults(config: pytest.Config) -> None:
     """Register the marker (from the plugin's ``pytest_configure``)."""
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(world_size=n, faults='kill 2 at all_reduce#3' or kinds=[...]): run the test under "
-        "a fault plan, fixed or drawn from the test's seed (asyncdist plugin)",
+        f"{MARKER}(world_size=n, faults='kill 2 at all_reduce#3' or kinds=[...], virtual_time=False): run the "
+        "test under a fault plan, fixed or drawn from the test's seed, and local_ranks on virtual time "
+        "(asyncdist plugin)",
     )
 
 
@@ -63,6 +68,16 @@ def marked_world_size(definition: Any) -> pytest.Mark | None:
     if marker is None or "world_size" not in marker.kwargs:
         return None
     return pytest.mark.world_size(marker.kwargs["world_size"]).mark
+
+
+def marked_virtual_time(item: pytest.Item) -> bool:
+    """The ``asyncdist`` marker's ``virtual_time=`` (False without it)."""
+    marker = item.get_closest_marker(MARKER)
+    chosen = False if marker is None else marker.kwargs.get("virtual_time", False)
+    if type(chosen) is not bool:
+        pytest.fail(f"{item.nodeid}: @pytest.mark.{MARKER}(virtual_time=...) takes True or False, got {chosen!r}",
+                    pytrace=False)
+    return chosen
 
 
 def _seed(item: pytest.Item) -> int:
@@ -77,7 +92,7 @@ def _plan(item: pytest.Item, seed: int, world_size: int | None) -> FaultPlan:
     assert marker is not None
     if marker.args:
         pytest.fail(f"{item.nodeid}: @pytest.mark.{MARKER} takes keywords only", pytrace=False)
-    options = {k: v for k, v in marker.kwargs.items() if k not in ("world_size", "faults", "kinds")}
+    options = {k: v for k, v in marker.kwargs.items() if k not in ("world_size", "faults", "kinds", "virtual_time")}
     if "kinds" in marker.kwargs:
         if "faults" in marker.kwargs or world_size is None:
             pytest.fail(f"{item.nodeid}: @pytest.mark.{MARKER}(kinds=...) needs a world size and no faults=",

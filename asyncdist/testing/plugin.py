@@ -23,7 +23,9 @@ The fixtures:
     pytest-asyncio's strict mode, mark the test ``@pytest.mark.asyncio`` as
     for any async test. The fixture runs on the loop of
     ``asyncio_default_fixture_loop_scope`` (the function's by default), which
-    must be the test's loop.
+    must be the test's loop. ``@pytest.mark.asyncdist(virtual_time=True)``
+    runs them, and the test, on :func:`~asyncdist.testing.virtual_time`
+    (asyncio's own loop only): timeouts and heartbeats cost no real time.
 
 ``spawn_ranks``
     A function ``spawn_ranks(fn, *args, timeout=None, env=None)`` (None: the
@@ -79,7 +81,9 @@ except ImportError:  # local_ranks then says what is missing
 else:
     _HAVE_PYTEST_ASYNCIO = True
 
-from .fault_plugin import _asyncdist_fault_plan, add_fault_options, configure_faults, faults, marked_world_size
+from .fault_plugin import (
+    _asyncdist_fault_plan, add_fault_options, configure_faults, faults, marked_virtual_time, marked_world_size,
+)
 from .fault_plugin import pytest_runtest_makereport  # noqa: F401  (pytest finds the hook here)
 
 __all__ = ["world_size", "local_ranks", "spawn_ranks", "faults", "_asyncdist_fault_plan"]
@@ -174,7 +178,8 @@ if _HAVE_PYTEST_ASYNCIO:
         """``world_size`` ranks in the test's loop: their world ProcessGroups, by rank."""
         from .world import local_world
 
-        async with local_world(world_size, timeout=_timeout(request, LOCAL_RANKS_TIMEOUT)) as ranks:
+        async with local_world(world_size, timeout=_timeout(request, LOCAL_RANKS_TIMEOUT),
+                               virtual_time=marked_virtual_time(request.node)) as ranks:
             yield ranks
 
 else:

@@ -55,6 +55,19 @@ async def test_no_plan_is_left_behind(local_ranks):
     from asyncdist.testing.injector import installed
     assert installed() is None
     assert await asyncio.gather(*(sums(g, 2) for g in local_ranks)) == [[3.0, 3.0]] * 2
+
+
+# The default heartbeat (a peer silent for 30 s is lost), on virtual time: no real wait.
+@pytest.mark.asyncdist(world_size=2, faults="cut 0-1 at all_reduce#2 for 600s", virtual_time=True)
+async def test_a_cut_link_on_virtual_time(local_ranks):
+    from asyncdist.testing import is_virtual
+    assert is_virtual()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    outcomes = await asyncio.gather(*(sums(g, 3) for g in local_ranks), return_exceptions=True)
+    assert [(type(o), o.rank) for o in outcomes] == [(PeerLostError, 1), (PeerLostError, 0)]
+    assert all("(heartbeat timeout 30 s)" in str(o) for o in outcomes)
+    assert 30 <= loop.time() - began < 40
 '''
 
 
@@ -65,7 +78,7 @@ def test_a_marked_plan_runs_under_local_ranks(pytester: pytest.Pytester) -> None
     pytester.makeini(INI)
     nodeid = "test_fixed.py::test_no_marker"
     pytester.makepyfile(test_fixed=FIXED.replace("SEED_OF_NO_MARKER", str(zlib.crc32(nodeid.encode()))))
-    pytester.runpytest_inprocess().assert_outcomes(passed=3)
+    pytester.runpytest_inprocess().assert_outcomes(passed=4)
 
 
 BUGGY = '''
