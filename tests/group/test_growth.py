@@ -208,3 +208,31 @@ async def test_a_joiner_that_cannot_reach_the_store_is_named_as_joining_not_as_a
     assert re.match(rf"joining process \(pid {os.getpid()} on .*\): cannot use the store at 127\.0\.0\.1:{port}",
                     str(refused.value)), refused.value
     assert "rank 1" not in str(refused.value)
+
+
+async def test_a_grow_after_the_store_serving_rank_died_fails_at_once_saying_the_store_is_gone(monkeypatch) -> None:
+    """Under tcp:// rank 0 serves the store: once it is dead, a grow of the survivors fails on every member
+    within seconds (not the group's timeout), saying that the store is gone."""
+    with socket.socket() as probe:  # a free port for rank 0's store (bound by it at once below)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("ASYNCDIST_SECRET", "s3cret")
+    worlds = list(await asyncio.gather(*(asyncdist.init_world(f"tcp://127.0.0.1:{port}", rank=r, world_size=3,
+                                                              timeout=WAIT) for r in range(3))))
+    everyone: list[ProcessGroup] = list(worlds)
+    try:
+        crash(worlds[0])
+        await worlds[0].close()  # its store server stops with it, as with the process
+        survivors = list(await asyncio.gather(worlds[1].shrink(), worlds[2].shrink()))
+        everyone += survivors
+        start = time.monotonic()
+        results = await asyncio.gather(*(g.grow() for g in survivors), return_exceptions=True)
+        assert time.monotonic() - start < 5.0
+        for result in results:
+            assert isinstance(result, RendezvousError), result
+            assert re.fullmatch(rf"rank 1 \(the grow's leader\): TCPStore: the store at 127\.0\.0\.1:{port} is gone: "
+                                r".*its server has stopped \(under tcp:// and env:// by hand, rank 0 serves it: "
+                                r"is rank 0 dead\?\)", str(result)), result
+        await _check_all_reduce(survivors)  # the survivors go on without a store
+    finally:
+        await asyncio.gather(*(g.close() for g in everyone), return_exceptions=True)
