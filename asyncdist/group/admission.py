@@ -19,7 +19,6 @@ Loop thread only.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
