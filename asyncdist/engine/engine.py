@@ -34,7 +34,7 @@ from .deadlines import Deadlines
 from .faults import Faults
 from ..flight import Flight
 from ..buffers.host import HostBuffer
-from ..errors import AsyncDistError, ClosedError, PeerLostError
+from ..errors import AsyncDistError, ClosedError, HandshakeError, PeerLostError
 from ..rendezvous.waiting import WaitReports
 from ..wire.handshake import HANDSHAKE_SECONDS, Identity, PeerAccess
 from .losses import Losses, goodbye
@@ -146,6 +146,48 @@ class Engine:
             return sorted(wanted - self._connections.keys())
 
         await wait_for_peers(self.rank, asyncio.gather(*dials, arrived()), timeout, unconnected, reports)
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        """Seconds of silence after which a peer is counted lost (0: never)."""
+        return self._heartbeat.config.timeout
+
+    async def reach(self, addresses: Mapping[int, tuple[str, int]], peers: Iterable[int], timeout: float) -> list[int]:
+        """Dial the lower ranks of ``peers`` at ``addresses`` and wait for the higher
+        ones to dial in, until each is connected or lost, or ``timeout`` seconds (of
+        the loop's clock) pass; return those not connected then, sorted. Unlike
+        :meth:`connect`, one failure stops nothing: a peer that cannot be dialed is
+        expelled (counted lost), and the others are still waited for (a grow's
+        connections, which its agreement then judges)."""
+        wanted = sorted(set(peers) - {self.rank})
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+        stop = self.faults.watch(lambda rank: changed.set())
+
+        async def dial(peer: int) -> None:
+            try:
+                await self._mesh.dial(peer, *addresses[peer])
+            except (PeerLostError, HandshakeError) as exc:
+                if not self.is_lost(peer):
+                    self.faults.expel(peer, f"rank {self.rank} could not reach it: {exc}")
+
+        dials = [asyncio.ensure_future(dial(peer)) for peer in wanted if peer < self.rank]
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                self._arrival = loop.create_future()
+                changed.clear()
+                if all(p in self._connections or p in self._losses for p in wanted) or loop.time() >= deadline:
+                    return [p for p in wanted if p not in self._connections]
+                waiter = asyncio.ensure_future(changed.wait())
+                await asyncio.wait([self._arrival, waiter], timeout=deadline - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+        finally:
+            stop()
+            for task in dials:
+                task.cancel()
+            await asyncio.gather(*dials, return_exceptions=True)
 
     def widen(self, world_size: int, next_context: int) -> None:
         """Accept the ids below ``world_size`` (joined by a grow); count contexts from ``next_context``."""

@@ -28,7 +28,7 @@ def grow_group(timeout: timedelta | float | None = None, min_joiners: int = 0) -
     (without the newcomers). Any thread but asyncdist's loop thread.
 
     Args:
-        timeout: seconds (or a ``timedelta``) for the whole grow; None: the group's timeout.
+        timeout: seconds (or a ``timedelta``) to wait for ``min_joiners``; None: the group's timeout.
         min_joiners: wait until at least this many processes wait to join
             (0: admit whoever waits now, maybe nobody).
 

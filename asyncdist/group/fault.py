@@ -125,6 +125,12 @@ class FaultTolerance(Generic[G]):
         survivors = [r for r in m.ranks if r not in decision.failed]
         return self._make(survivors, f"{m.name}/shrunk{k}", self._calls.timeout, derived_contexts(self._ctx, f"s{k}"))
 
+    async def decide(self, flag: int, *, timeout: timedelta | float | None, what: str) -> Decision:
+        """The group's next agreement on ``flag``, with the members it counts as
+        failed (``agree`` returns only the value; ``grow`` needs both). ``what``
+        names the call in messages. Raises as :meth:`agree`."""
+        return await self._decide(flag, timeout, what)
+
     async def _decide(self, flag: int, timeout: timedelta | float | None, what: str) -> Decision:
         self._members.check_member()
         seconds = as_seconds(timeout, default=self._calls.timeout, what=f"{what.split('(')[0]}: timeout")

@@ -7,28 +7,41 @@ their side. In order:
 
 1. the members agree (all-reduce, MAX) on the job's id space and on the
    engine's context counter: a newcomer gets an id never used in the job,
-   ``size``, ``size + 1``, ... (ids of lost ranks are not reused), and a
-   counter in step with the members' (for the groups made later); the grown
-   group's own contexts are derived (:mod:`.contexts`) from this group's and
-   the grow's first new id, so that ranks outside this group keep their
-   counters in step;
+   ``size``, ``size + 1``, ... (ids of lost ranks, and of newcomers of a
+   failed grow, are not reused), and a counter in step with the members'
+   (for the groups made later); the grown group's own contexts are derived
+   (:mod:`.contexts`) from this group's and the grow's first new id, so
+   that ranks outside this group keep their counters in step;
 2. the leader (group rank 0, the lowest live rank after a shrink) claims
    the waiting registrations, refuses those not made with the job's secret
    (their processes raise, saying so) and broadcasts the newcomers;
-3. nobody waiting: ``grow`` returns *this same group* (no context is used,
-   nothing else is sent: one all-reduce and one broadcast);
-4. otherwise every member widens its engine's id space (its handshake now
-   accepts the newcomers' ids), a barrier makes sure all have, the leader
-   writes each newcomer its admission (ids, addresses, contexts), the
-   newcomers dial every member (the higher id dials, as at init, with the
-   authenticated handshake), and everyone builds the grown group, members
-   first in their order, then the newcomers, and runs its call #0 (a barrier).
+3. every member widens its engine's id space (its handshake now accepts
+   the newcomers' ids), then the members run this group's fault-tolerant
+   agreement (:mod:`.agreement`) on whether steps 1-3 worked on each: it
+   also makes sure all have widened before anyone is admitted. If a member
+   was lost or a step failed, every survivor revokes this group and raises
+   the same :class:`~asyncdist.errors.PeerLostError` (shrink, then grow
+   again); the claimed newcomers are refused, so they raise at once;
+4. nobody waiting: ``grow`` returns *this same group* (no context is used);
+5. otherwise the leader writes each newcomer its admission (ids, addresses,
+   contexts), the newcomers dial every member (the higher id dials, as at
+   init, with the authenticated handshake), each process waits for the
+   others' connections at most the heartbeat timeout
+   (:func:`.admission.connect_seconds`; one that never connects is counted
+   lost), and everyone builds the grown group, members first in their
+   order, then the newcomers;
+6. the grown group's agreement #0 (:func:`.admission.conclude`), on whether
+   every step worked on every process: all return the grown group, or all
+   survivors raise the same error, naming the lost ranks (this group is then
+   revoked on the members).
 
-The grown group takes over what closing this one released (the engine, the
-store): close the grown group at the end, not this one. This group stays
-usable meanwhile. The store must still be served: under ``asyncdist-run``
-the launcher serves it; with ``env://`` by hand rank 0 serves it, so rank 0
-must be alive.
+Every member runs exactly one agreement of this group per grow, on every
+path, so that agreement numbers stay in step for the shrink that follows a
+failure. The grown group takes over what closing this one released (the
+engine, the store): close the grown group at the end, not this one. This
+group stays usable meanwhile, unless the grow failed. The store must still
+be served: under ``asyncdist-run`` the launcher serves it; with ``env://``
+by hand rank 0 serves it, so rank 0 must be alive.
 
 Loop thread only.
 """
@@ -36,7 +49,7 @@ Loop thread only.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
@@ -48,11 +61,13 @@ from ..reduce.op import ReduceOp
 from ..rendezvous import joins
 from ..rendezvous.store import Store
 from ..timeouts import as_seconds
+from .admission import Admission, conclude, connect_seconds, failed, give_up_on, refuse_unanswered
 from .calls import Calls
 from .contexts import derived_contexts
+from .fault import FaultTolerance
 from .members import Members
 
-__all__ = ["Admission", "grow", "ADMITTED_CONNECT_SECONDS"]
+__all__ = ["grow"]
 
 G = TypeVar("G", bound="Growing")
 G_co = TypeVar("G_co", bound="Growing", covariant=True)
@@ -65,6 +80,7 @@ class Growing(Protocol):
     engine: Engine
     members: Members
     calls: Calls
+    faults: FaultTolerance[Any]
     store: Store | None  # set on the grown group: the store it takes over
 
     @property
@@ -83,7 +99,9 @@ class Growing(Protocol):
 
     async def broadcast_object_list(self, object_list: list, src: int = ...) -> None: ...
 
-    async def barrier(self) -> None: ...
+    async def revoke(self) -> None: ...
+
+    async def close(self) -> None: ...
 
     def pass_on(self: G, successor: G) -> None: ...
 
@@ -93,50 +111,6 @@ class GroupMaker(Protocol[G_co]):
 
     def __call__(self, engine: Engine, ranks: Sequence[int], *, name: str, timeout: float, first_call: int,
                  contexts: Callable[[], int] | None) -> G_co: ...
-
-#: The longest the members wait for an admitted process to connect. A live
-#: one dials as soon as it reads its admission (well under a second); one that
-#: registered and then died never does, and the grow fails after this long
-#: instead of after the group's timeout (30 minutes by default).
-ADMITTED_CONNECT_SECONDS = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """What the leader of a grow tells one newcomer (JSON in the store).
-
-    Attributes:
-        id: the newcomer's job-unique id (its global rank).
-        members: the grown group's ids, in group-rank order.
-        addresses: ``(host, port)`` of every member, by id, as text keys (JSON).
-        world_size: the job's id space after the grow.
-        context: the members' engine context counter (where the newcomer's starts).
-        parent, label: whence the grown group's contexts are derived (see
-            :mod:`.contexts`): the members' group's collective context, and
-            which grow of the job it is.
-        name: the group's name.
-    """
-
-    id: int
-    members: list[int]
-    addresses: dict[str, list[Any]]
-    world_size: int
-    context: int
-    parent: int
-    label: str
-    name: str
-
-    def contexts(self) -> Callable[[], int]:
-        """The grown group's context allocator, as the members derive it."""
-        return derived_contexts(self.parent, self.label)
-
-    @classmethod
-    def from_json(cls, fields: dict[str, Any]) -> Admission:
-        return cls(**fields)
-
-    def peers(self) -> dict[int, tuple[str, int]]:
-        """The members' addresses, by id."""
-        return {int(k): (str(host), int(port)) for k, (host, port) in self.addresses.items()}
 
 
 async def _claim(group: Growing, store: Store, first_id: int, at_least: int, deadline: float) -> list[list[Any]]:
@@ -176,6 +150,47 @@ def _label(newcomers: list[list[Any]]) -> str:
     return f"g{newcomers[0][0]}"
 
 
+async def _plan(group: Growing, store: Store, min_joiners: int, deadline: float) -> tuple[Any, int]:
+    """Steps 1-3 of the module docstring: the newcomers (a list; or the leader's
+    error, a str), every member's engine widened for them, agreed by this group.
+
+    Raises:
+        PeerLostError: a member was lost (this group is then revoked on every survivor).
+    """
+    engine = group.engine
+    plan: list[Any] = [None]
+    ok, context = 1, 0
+    try:
+        agreed = np.array([engine.world_size, engine.next_context], np.int64)
+        await group.all_reduce(agreed, op=ReduceOp.MAX)
+        first_id, context = int(agreed[0]), int(agreed[1])
+        if group.rank == 0:
+            try:
+                plan[0] = await _claim(group, store, first_id, min_joiners, deadline)
+            except AsyncDistError as exc:  # told to the others, who wait in the broadcast
+                plan[0] = f"rank {engine.rank} (the grow's leader): {exc}"
+        await group.broadcast_object_list(plan, src=0)
+        if isinstance(plan[0], list) and plan[0]:
+            engine.widen(first_id + len(plan[0]), context)
+    except AsyncDistError:  # a member lost, most likely: the others may wait on this one
+        ok = 0
+        await group.revoke()
+    decision = await group.faults.decide(ok, timeout=group.timeout, what="grow()")
+    if decision.failed or not decision.value:
+        await _fail(group, store, plan[0], decision.failed)
+    return plan[0], context
+
+
+async def _fail(group: Growing, store: Store, plan: Any, lost: frozenset[int]) -> None:
+    """Raise the error of a failed grow, after revoking this group and refusing the claimed newcomers."""
+    await group.revoke()
+    error = failed(group.engine.rank, group.name, lost)
+    if isinstance(plan, list):  # those who hold the plan refuse its newcomers: one of them may be the survivor
+        await refuse_unanswered(store, [n[3] for n in plan], f"the grow of group {group.name!r} that claimed "
+                                                              f"it failed: {error}")
+    raise error
+
+
 async def grow(
     group: G, make: GroupMaker[G], *, timeout: timedelta | float | None = None, min_joiners: int = 0
 ) -> G:
@@ -189,7 +204,9 @@ async def grow(
     Args:
         group: the members' group (the world, or what a shrink left).
         make: builds the grown group (``type(group)``: the ProcessGroup constructor).
-        timeout: seconds (or a ``timedelta``) for the whole grow; None: the group's.
+        timeout: seconds (or a ``timedelta``) to wait for ``min_joiners``; None:
+            the group's. Each other step has the group's timeout, and the
+            connections the heartbeat timeout.
         min_joiners: wait until at least this many processes wait to join
             (0: admit whoever waits now, maybe nobody).
 
@@ -199,9 +216,11 @@ async def grow(
 
     Raises:
         InvalidArgumentError: the group has no store, or a bad argument.
-        RendezvousError: fewer than ``min_joiners`` came in time, or an
-            admitted process never connected.
-        PeerLostError: a member was lost meanwhile (shrink, then grow again).
+        RendezvousError: fewer than ``min_joiners`` came in time (the same on
+            every member; the group stays usable).
+        PeerLostError: a member or a newcomer was lost during the grow: every
+            survivor raises it, naming the same lost ranks, and this group is
+            revoked (shrink it, then grow again).
 
     Example::
 
@@ -214,33 +233,33 @@ async def grow(
     if type(min_joiners) is not int or min_joiners < 0:
         raise InvalidArgumentError(f"grow: min_joiners must be a non-negative int, got {min_joiners!r}")
     seconds = as_seconds(timeout, default=group.timeout, what="grow: timeout")
-    deadline = time.monotonic() + seconds
-    engine = group.engine
-    agreed = np.array([engine.world_size, engine.next_context], np.int64)
-    await group.all_reduce(agreed, op=ReduceOp.MAX)
-    first_id, context = int(agreed[0]), int(agreed[1])
-    plan: list[Any] = [None]
-    if group.rank == 0:
-        try:
-            plan[0] = await _claim(group, store, first_id, min_joiners, deadline)
-        except AsyncDistError as exc:  # told to the others, who wait in the broadcast
-            plan[0] = f"rank {engine.rank} (the grow's leader): {exc}"
-    await group.broadcast_object_list(plan, src=0)
-    if isinstance(plan[0], str):
-        raise RendezvousError(plan[0])
-    newcomers: list[list[Any]] = plan[0]
+    plan, context = await _plan(group, store, min_joiners, time.monotonic() + seconds)
+    if isinstance(plan, str):
+        raise RendezvousError(plan)
+    newcomers: list[list[Any]] = plan
     if not newcomers:
         return group
-    world_size = first_id + len(newcomers)
-    engine.widen(world_size, context)
-    await group.barrier()  # every member accepts the newcomers' ids before any of them dials
+    engine = group.engine
+    ok = True
     if group.rank == 0:
-        await _admit(group, store, newcomers, world_size, context)
+        try:
+            await _admit(group, store, newcomers, engine.world_size, context)
+        except AsyncDistError:  # the newcomers never dial: every process counts them lost
+            ok = False
     new_ids = [n[0] for n in newcomers]
-    await engine.connect({}, min(max(deadline - time.monotonic(), 0.001), ADMITTED_CONNECT_SECONDS), peers=new_ids)
-    grown = make(engine, [*group.ranks, *new_ids], name=group.name, timeout=group.timeout, first_call=0,
+    wait = connect_seconds(engine)
+    missing = await engine.reach({}, new_ids, wait)
+    give_up_on(engine, missing, wait)
+    grown = make(engine, [*group.ranks, *new_ids], name=group.name, timeout=group.timeout, first_call=1,
                  contexts=derived_contexts(group.calls.collective_context, _label(newcomers)))
     grown.store = store
+    try:
+        await conclude(grown, ok and not missing)
+    except AsyncDistError as exc:
+        await grown.close()
+        await group.revoke()
+        await refuse_unanswered(store, [n[3] for n in newcomers], f"the grow of group {group.name!r} that "
+                                                                   f"admitted it failed: {exc}")
+        raise
     group.pass_on(grown)
-    await grown.barrier()
     return grown

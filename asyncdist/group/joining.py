@@ -9,13 +9,18 @@ The process:
 2. listens on an ephemeral port, then registers in the store's waiting room
    with that address and a proof of the secret (:mod:`asyncdist.rendezvous.joins`);
 3. waits until the members call ``grow()``: its verdict is either a refusal
-   (raised, with the leader's reason) or an :class:`~.growth.Admission`
+   (raised, with the leader's reason) or an :class:`~.admission.Admission`
    (if the waiting room is closed first, in 1 or 3, the job ended: see
    :func:`asyncdist.rendezvous.joins.close`; it raises ``JoinClosedError``);
 4. builds its engine under its new id, dials every member with the job's
-   authenticated handshake and accepts the newcomers above it.
+   authenticated handshake and accepts the newcomers above it, waiting at
+   most the heartbeat timeout (:func:`.admission.connect_seconds`); a peer it
+   cannot reach in that time is counted lost.
 
-The caller builds the group from the admission. Loop thread only.
+The caller builds the group from the admission and runs the grow's last
+agreement (:func:`.admission.conclude`) on it, as the members do: whether
+the connections all formed is judged there, alike on every process. Loop
+thread only.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from ..transport.connect import open_listener
 from ..transport.heartbeat import HeartbeatConfig
 from ..wire.handshake import Identity
 from .bootstrap import whoami
-from .growth import Admission
+from .admission import Admission, connect_seconds, give_up_on
 
 __all__ = ["join"]
 
@@ -51,9 +56,10 @@ async def _job_value(store: Store, key: str, env: str, where: str) -> str:
 
 async def join(
     store: Store, *, host: str, timeout: float, heartbeat: HeartbeatConfig | None, where: str
-) -> tuple[Engine, Admission]:
+) -> tuple[Engine, Admission, bool]:
     """Wait to be admitted into the running job at ``store``; return this
-    process's connected engine and its admission.
+    process's engine, its admission, and whether it connected to every
+    process of the grown group (those it did not are counted lost).
 
     Args:
         store: the job's store, under the prefix its ranks use.
@@ -65,8 +71,8 @@ async def join(
     Raises:
         JoinClosedError: the job ended before any grow admitted this process.
         RendezvousError: no job runs at ``store`` within ``timeout``; the
-            members refused this process (wrong secret); no grow came in time;
-            a member could not be reached.
+            members refused this process (wrong secret, or the grow that
+            claimed it failed); no grow came in time.
     """
     deadline = time.monotonic() + timeout
     me = f"joining process ({whoami()})"
@@ -89,10 +95,12 @@ async def join(
     admission = Admission.from_json(verdict["admitted"])
     engine = Engine(Identity(job_id, admission.id, admission.world_size, secret), heartbeat=heartbeat)
     engine.widen(admission.world_size, admission.context)
+    wait = connect_seconds(engine)
     try:
         await engine.listen(host, listener)
-        await engine.connect(admission.peers(), max(deadline - time.monotonic(), 0.001), peers=admission.members)
+        missing = await engine.reach(admission.peers(), admission.members, wait)
     except BaseException:
         await engine.close()
         raise
-    return engine, admission
+    give_up_on(engine, missing, wait)
+    return engine, admission, not missing

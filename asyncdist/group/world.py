@@ -23,6 +23,7 @@ from ..timeouts import as_seconds
 from .process_group import ProcessGroup
 from .bootstrap import ABORT_LINGER_SECONDS, bootstrap, refuse, whoami
 from ..flight.dumps import install_sigusr1
+from .admission import conclude
 from .joining import join as join_running
 from ..errors import InvalidArgumentError, RendezvousError
 from ..rendezvous.init_method import resolve
@@ -96,10 +97,12 @@ async def init_world(
         raise plan.refused
     ranks: Sequence[int] = range(plan.world_size)
     contexts = None  # the engine's counter; a newcomer's group derives them as the members do
+    connected = True  # a newcomer: whether it reached every process of the grow
     try:
         if join:
-            engine, admission = await join_running(PrefixStore(store_prefix, plan.store), host=plan.host,
-                                                   timeout=seconds, heartbeat=heartbeat, where=plan.where)
+            engine, admission, connected = await join_running(
+                PrefixStore(store_prefix, plan.store), host=plan.host, timeout=seconds, heartbeat=heartbeat,
+                where=plan.where)
             ranks, group_name, contexts = admission.members, group_name or admission.name, admission.contexts()
         else:
             engine = await bootstrap(
@@ -112,14 +115,15 @@ async def init_world(
                 await asyncio.sleep(ABORT_LINGER_SECONDS)
             plan.store.close()
         raise
-    world = ProcessGroup(engine, ranks, name=group_name or "world", timeout=seconds, first_call=0, contexts=contexts)
+    world = ProcessGroup(engine, ranks, name=group_name or "world", timeout=seconds, first_call=1 if join else 0,
+                         contexts=contexts)
     install_sigusr1()  # SIGUSR1 dumps the flight recorder (where this is the main thread)
     world.store = PrefixStore(store_prefix, plan.store)  # where NCCL unique ids travel
     if plan.owns_store:
         world.on_close(lambda: loop.run_in_executor(STORE_EXECUTOR, plan.store.close))
     world.on_close(engine.close)
-    try:
-        await world.barrier()
+    try:  # a newcomer ends the grow as its members do (grow's last step); a rank of the job, the startup barrier
+        await (conclude(world, connected) if join else world.barrier())
     except BaseException:
         await world.close()
         raise

@@ -50,7 +50,7 @@ from typing import Any
 from ..errors import JoinClosedError, RendezvousError, StoreTimeoutError
 from .store import Store
 
-__all__ = ["Registration", "register", "wait_open", "wait_verdict", "claim", "answer", "close", "JOIN_POLL_SECONDS"]
+__all__ = ["Registration", "register", "wait_open", "wait_verdict", "claim", "answer", "answer_once", "close", "JOIN_POLL_SECONDS"]
 
 _SLOT = "join/slot/{}"
 _VERDICT = "join/slot/{}/verdict"
@@ -216,3 +216,8 @@ async def answer(store: Store, verdicts: dict[int, dict[str, Any]]) -> None:
     """Write each claimed slot's verdict (JSON)."""
     for slot, verdict in verdicts.items():
         await store.async_set(_VERDICT.format(slot), json.dumps(verdict))
+
+
+async def answer_once(store: Store, slot: int, verdict: dict[str, Any]) -> None:
+    """Write the verdict of ``slot`` unless it has one (compare-and-set)."""
+    await store.async_compare_set(_VERDICT.format(slot), "", json.dumps(verdict))

@@ -8,7 +8,9 @@ by :mod:`.tcp_protocol`.
 
 This module owns :class:`TCPStore` (torch's constructor arguments, the worker
 count handshake, closing) and :class:`_Client` (any thread): it connects with
-backoff until the store's timeout, sends one request at a time per connection,
+backoff until the store's timeout (but a server that accepted it once and now
+refuses it has stopped: that fails at once, with
+:class:`~asyncdist.errors.StoreLostError`), sends one request at a time per connection,
 and waits for the reply for the request's own timeout plus
 :data:`_REPLY_SLACK`. It must not know how the server keeps keys or waiters, nor
 the frame layout beyond :data:`~.tcp_protocol.HEADER_BYTES`.
@@ -131,6 +133,7 @@ class _Client:
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._served = False  # a connection was accepted once: a refusal now is a server that stopped
 
     def _connect(self, timeout: float) -> socket.socket:
         deadline = time.monotonic() + timeout
@@ -142,6 +145,11 @@ class _Client:
             except OSError as exc:
                 if self._closed:
                     raise ClosedError(f"TCPStore: the client of {self.where} is closed") from exc
+                if self._served and isinstance(exc, ConnectionRefusedError):
+                    raise StoreLostError(
+                        f"TCPStore: the store at {self.where} is gone: it served this client before and now "
+                        "refuses connections, so its server has stopped (under tcp:// and env:// by hand, rank 0 "
+                        "serves it: is rank 0 dead?)") from exc
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise StoreTimeoutError(f"TCPStore: could not connect to the store at "
@@ -160,6 +168,7 @@ class _Client:
             except BaseException:
                 self._discard(sock)
                 raise
+        self._served = True
         return sock
 
     def _authenticate(self, sock: socket.socket, timeout: float) -> None:

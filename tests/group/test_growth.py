@@ -22,19 +22,20 @@ import numpy as np
 import pytest
 
 import asyncdist
-from asyncdist.errors import InvalidArgumentError, RendezvousError
+from asyncdist.errors import InvalidArgumentError, PeerLostError, RendezvousError
 from asyncdist.group.process_group import ProcessGroup
 from asyncdist.rendezvous import joins
 from asyncdist.rendezvous.hash_store import HashStore
 from asyncdist.rendezvous.store import PrefixStore
 from asyncdist.testing import crash
+from asyncdist.transport.heartbeat import HeartbeatConfig
 
 WAIT = 20.0  # seconds; only a broken grow ever waits this long
 
 
-async def _world(store: HashStore, n: int) -> list[ProcessGroup]:
-    return list(await asyncio.gather(*(asyncdist.init_world(store=store, rank=r, world_size=n, timeout=WAIT)
-                                       for r in range(n))))
+async def _world(store: HashStore, n: int, heartbeat: HeartbeatConfig | None = None) -> list[ProcessGroup]:
+    return list(await asyncio.gather(*(asyncdist.init_world(store=store, rank=r, world_size=n, timeout=WAIT,
+                                                            heartbeat=heartbeat) for r in range(n))))
 
 
 async def _check_all_reduce(groups: list[ProcessGroup]) -> None:
@@ -123,21 +124,26 @@ async def test_two_joiners_at_once_then_a_third_get_ids_never_used() -> None:
         store.close()
 
 
-async def test_an_admitted_process_that_never_connects_fails_the_grow_in_time() -> None:
-    """A registration whose process died (its port is closed) is admitted; the grow fails, naming its id."""
+async def test_an_admitted_process_that_never_connects_fails_the_grow_in_time(virtual_clock: bool) -> None:
+    """A registration whose process died (its port is closed) is admitted; the grow fails on every member
+    after the heartbeat timeout (virtual time where the loop allows), naming its id; shrink, then go on."""
     store = HashStore()
-    worlds = await _world(store, 2)
+    worlds = await _world(store, 2, HeartbeatConfig(interval=0.5, timeout=2.0))
     try:
         secret, job_id = store.get("asyncdist/secret"), store.get("asyncdist/job_id").decode()
         await joins.register(PrefixStore("asyncdist", store),
                              joins.Registration.make(secret, job_id, "127.0.0.1", 9, "pid 1 on nowhere"))
-        start = time.monotonic()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         results = await asyncio.gather(*(w.grow(min_joiners=1, timeout=1.0) for w in worlds), return_exceptions=True)
-        assert time.monotonic() - start < 5.0
+        assert loop.time() - start < worlds[0].engine.heartbeat_timeout + 5.0
         for r, result in enumerate(results):
-            assert isinstance(result, RendezvousError)
-            assert re.fullmatch(rf"rank {r}: ranks \[2\] did not connect within [\d.]+ s", str(result))
-        await _check_all_reduce(worlds)  # the members go on
+            assert isinstance(result, PeerLostError) and result.rank == 2, result
+            assert str(result).startswith(f"rank {r}: grow() of group 'world' failed: global rank(s) [2] were lost")
+        survivors = list(await asyncio.gather(*(w.shrink() for w in worlds)))  # the documented recovery
+        assert [g.ranks for g in survivors] == [(0, 1), (0, 1)]
+        await _check_all_reduce(survivors)
+        worlds = survivors
     finally:
         await asyncio.gather(*(w.close() for w in worlds))
         store.close()
@@ -202,3 +208,31 @@ async def test_a_joiner_that_cannot_reach_the_store_is_named_as_joining_not_as_a
     assert re.match(rf"joining process \(pid {os.getpid()} on .*\): cannot use the store at 127\.0\.0\.1:{port}",
                     str(refused.value)), refused.value
     assert "rank 1" not in str(refused.value)
+
+
+async def test_a_grow_after_the_store_serving_rank_died_fails_at_once_saying_the_store_is_gone(monkeypatch) -> None:
+    """Under tcp:// rank 0 serves the store: once it is dead, a grow of the survivors fails on every member
+    within seconds (not the group's timeout), saying that the store is gone."""
+    with socket.socket() as probe:  # a free port for rank 0's store (bound by it at once below)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("ASYNCDIST_SECRET", "s3cret")
+    worlds = list(await asyncio.gather(*(asyncdist.init_world(f"tcp://127.0.0.1:{port}", rank=r, world_size=3,
+                                                              timeout=WAIT) for r in range(3))))
+    everyone: list[ProcessGroup] = list(worlds)
+    try:
+        crash(worlds[0])
+        await worlds[0].close()  # its store server stops with it, as with the process
+        survivors = list(await asyncio.gather(worlds[1].shrink(), worlds[2].shrink()))
+        everyone += survivors
+        start = time.monotonic()
+        results = await asyncio.gather(*(g.grow() for g in survivors), return_exceptions=True)
+        assert time.monotonic() - start < 5.0
+        for result in results:
+            assert isinstance(result, RendezvousError), result
+            assert re.fullmatch(rf"rank 1 \(the grow's leader\): TCPStore: the store at 127\.0\.0\.1:{port} is gone: "
+                                r".*its server has stopped \(under tcp:// and env:// by hand, rank 0 serves it: "
+                                r"is rank 0 dead\?\)", str(result)), result
+        await _check_all_reduce(survivors)  # the survivors go on without a store
+    finally:
+        await asyncio.gather(*(g.close() for g in everyone), return_exceptions=True)

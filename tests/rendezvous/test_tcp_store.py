@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import msgpack
 import pytest
 
-from asyncdist.errors import FrameTooLargeError, ProtocolError, StoreError, StoreTimeoutError
+from asyncdist.errors import FrameTooLargeError, ProtocolError, StoreError, StoreLostError, StoreTimeoutError
 from asyncdist.rendezvous.tcp_protocol import (
     MAX_FRAME_BYTES,
     OP_GET,
@@ -203,3 +203,21 @@ def test_multi_tenant_masters_share_one_server() -> None:
     first.close()
     assert second.get("k") == b"shared"  # the server outlives its first tenant
     second.close()
+
+
+def test_a_client_whose_server_stopped_fails_at_once_saying_so() -> None:
+    """A refusal from a server that served this client before is a stopped server: StoreLostError at once,
+    not reconnecting until the store's timeout (a refusal before the first connection is still retried)."""
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    client = TCPStore("127.0.0.1", master.port, timeout=timedelta(seconds=30))
+    try:
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+        master.close()  # its server stops: the port now refuses connections
+        start = time.monotonic()
+        with pytest.raises(StoreLostError, match=rf"the store at 127\.0\.0\.1:{master.port} is gone: it served this "
+                                                 r"client before and now refuses connections"):
+            client.get("k")
+        assert time.monotonic() - start < 5.0
+    finally:
+        client.close()
