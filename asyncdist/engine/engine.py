@@ -29,7 +29,7 @@ import socket
 from typing import Callable, Iterable, Mapping
 
 from .abort import abort_frame, error_from_abort
-from .connecting import wait_for_peers
+from .connecting import Arrivals, wait_for_peers
 from .deadlines import Deadlines
 from .faults import Faults
 from ..flight import Flight
@@ -95,7 +95,7 @@ class Engine:
         #: Control frames of groups, loss watchers, exclusion, revoked contexts (:mod:`.faults`).
         self.faults = Faults(me.rank, self._mailbox, self._connections, self._peer_lost)
         self._heartbeat = Heartbeat(me.rank, heartbeat or HeartbeatConfig.from_env(), self._connections, self._silent)
-        self._arrival: asyncio.Future | None = None  # set by the next connection attached
+        self._arrivals = Arrivals(self._connections, self._losses)  # woken by each connection attached, or loss
         #: The context :meth:`new_context` returns next (counted alike on every rank).
         self.next_context = 0
         self._abort_watchers: dict[int, Callable[[int, AsyncDistError], None]] = {}
@@ -134,18 +134,13 @@ class Engine:
         RendezvousError after ``timeout`` s, PeerLostError or HandshakeError when a
         lower rank cannot be reached."""
         wanted = set(range(self.world_size) if peers is None else peers) - {self.rank}
-
-        async def arrived() -> None:
-            while not wanted <= self._connections.keys():
-                self._arrival = asyncio.get_running_loop().create_future()
-                await self._arrival
-
         dials = (self._mesh.dial(peer, *addresses[peer]) for peer in sorted(wanted) if peer < self.rank)
 
         def unconnected() -> list[int]:
             return sorted(wanted - self._connections.keys())
 
-        await wait_for_peers(self.rank, asyncio.gather(*dials, arrived()), timeout, unconnected, reports)
+        await wait_for_peers(self.rank, asyncio.gather(*dials, self._arrivals.all_of(wanted)), timeout, unconnected,
+                             reports)
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -160,9 +155,6 @@ class Engine:
         expelled (counted lost), and the others are still waited for (a grow's
         connections, which its agreement then judges)."""
         wanted = sorted(set(peers) - {self.rank})
-        loop = asyncio.get_running_loop()
-        changed = asyncio.Event()
-        stop = self.faults.watch(lambda rank: changed.set())
 
         async def dial(peer: int) -> None:
             try:
@@ -171,23 +163,7 @@ class Engine:
                 if not self.is_lost(peer):
                     self.faults.expel(peer, f"rank {self.rank} could not reach it: {exc}")
 
-        dials = [asyncio.ensure_future(dial(peer)) for peer in wanted if peer < self.rank]
-        deadline = loop.time() + timeout
-        try:
-            while True:
-                self._arrival = loop.create_future()
-                changed.clear()
-                if all(p in self._connections or p in self._losses for p in wanted) or loop.time() >= deadline:
-                    return [p for p in wanted if p not in self._connections]
-                waiter = asyncio.ensure_future(changed.wait())
-                await asyncio.wait([self._arrival, waiter], timeout=deadline - loop.time(),
-                                   return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-        finally:
-            stop()
-            for task in dials:
-                task.cancel()
-            await asyncio.gather(*dials, return_exceptions=True)
+        return await self._arrivals.settle(wanted, [dial(peer) for peer in wanted if peer < self.rank], timeout)
 
     def widen(self, world_size: int, next_context: int) -> None:
         """Accept the ids below ``world_size`` (joined by a grow); count contexts from ``next_context``."""
@@ -212,8 +188,7 @@ class Engine:
         )
         if self._rings is not None:  # no ring offered if never polled: each frame would need a wake-up
             inbox.connection.use_rings(inbox, self._rings, self._ring_bytes if self._rings.spin else 0, accept=self._ring_bytes > 0)
-        if self._arrival is not None and not self._arrival.done():
-            self._arrival.set_result(None)
+        self._arrivals.changed()
 
     def _wants(self, peer: int) -> bool:
         return not (peer in self._connections or peer in self._losses or self.closed)
@@ -404,6 +379,7 @@ class Engine:
             inbox.lose(error)
         self._mailbox.fail_dependents(rank, self._losses.fatal_for, error)
         self.faults.lost(rank)
+        self._arrivals.changed()
         if (gone := self._peers_gone) is not None and not self._connections and not gone.done():
             gone.set_result(None)
 
@@ -456,6 +432,5 @@ class Engine:
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
         await self._mesh.close()
-        if self._arrival is not None and not self._arrival.done():
-            self._arrival.cancel()
+        self._arrivals.close()
 

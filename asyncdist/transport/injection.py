@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Protocol
 
-__all__ = ["Gate", "Injector", "INJECTOR"]
+from ..wire.frames import Header, encode_header
+
+__all__ = ["Gate", "Gated", "Injector", "INJECTOR", "pass_through"]
 
 
 class Gate(Protocol):
@@ -54,3 +56,35 @@ class Injector(Protocol):
 
 #: The fault plan of this process, or None (the only state of this module).
 INJECTOR: Injector | None = None
+
+
+class Gated(Protocol):
+    """A connection, as its gate wraps it (:class:`~asyncdist.transport.stream.Connection`)."""
+
+    closed: bool
+
+    def send_frame(self, header: bytes, payload: memoryview | None) -> asyncio.Future | None: ...
+
+    def send_message(self, header: Header, payload: memoryview | None) -> asyncio.Future | None: ...
+
+    def write_late(self, header: bytes, payload: memoryview | None) -> None:
+        """Write a frame the gate released after the connection closed (best effort)."""
+
+
+def pass_through(connection: Gated, gate: Gate) -> None:
+    """Send every frame of ``connection`` through ``gate``: instance attributes shadow
+    its two send methods, so a connection without a gate pays nothing. A frame the
+    gate releases after the connection closed is written late, before the socket's
+    held-back close, as the kernel would have sent it before the FIN."""
+    send_frame, send_message = connection.send_frame, connection.send_message
+
+    def gated_frame(header: bytes, payload: memoryview | None) -> asyncio.Future | None:
+        return gate.send(lambda: connection.write_late(header, payload) if connection.closed
+                         else send_frame(header, payload), len(header) + (payload.nbytes if payload else 0))
+
+    def gated_message(header: Header, payload: memoryview | None) -> asyncio.Future | None:
+        return gate.send(lambda: connection.write_late(encode_header(header), payload) if connection.closed
+                         else send_message(header, payload), 64 + (payload.nbytes if payload else 0))
+
+    connection.send_frame = gated_frame  # type: ignore[method-assign]
+    connection.send_message = gated_message  # type: ignore[method-assign]

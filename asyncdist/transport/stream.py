@@ -133,27 +133,11 @@ class Connection:
         self._short_read_ends = not type(loop).__module__.startswith(_READS_PAST_SHORT)
         self.gate: injection.Gate | None = None  # a fault plan's, for this direction of the link
         if injection.INJECTOR is not None and (gate := injection.INJECTOR.gate(me, peer)) is not None:
-            self._pass_through(gate)
+            self.gate = gate
+            injection.pass_through(self, gate)
         loop.add_reader(self._fd, self._read)
 
-    def _pass_through(self, gate: injection.Gate) -> None:
-        """Send every frame through ``gate`` (:mod:`.injection`): instance attributes
-        shadow the two send methods, so a connection without a gate pays nothing."""
-        self.gate = gate
-        send_frame, send_message = self.send_frame, self.send_message
-
-        def gated_frame(header: bytes, payload: memoryview | None) -> asyncio.Future | None:
-            return gate.send(lambda: self._late(header, payload) if self.closed else send_frame(header, payload),
-                             len(header) + (payload.nbytes if payload else 0))  # fmt: skip
-
-        def gated_message(header: Header, payload: memoryview | None) -> asyncio.Future | None:
-            return gate.send(lambda: self._late(encode_header(header), payload) if self.closed
-                             else send_message(header, payload), 64 + (payload.nbytes if payload else 0))  # fmt: skip
-
-        self.send_frame = gated_frame  # type: ignore[method-assign]
-        self.send_message = gated_message  # type: ignore[method-assign]
-
-    def _late(self, header: bytes, payload: memoryview | None) -> None:
+    def write_late(self, header: bytes, payload: memoryview | None) -> None:
         """Write a frame the gate held past this end's close, before the socket's
         held-back close: the kernel would have sent it before the FIN (best effort)."""
         try:
