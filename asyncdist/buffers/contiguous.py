@@ -22,8 +22,9 @@ __all__ = ["staged", "Writeback"]
 Writeback = Callable[[], None]
 
 
-def _nothing() -> None:
-    return None
+# The write-back of a buffer used in place: NoneType() returns None, a no-op
+# that is a C call (every collective calls its write-back).
+_nothing: Writeback = type(None)
 
 
 def _is_non_contiguous(obj: Any) -> bool:

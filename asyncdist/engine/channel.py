@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
-from typing import Any, Awaitable, Callable, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 from .abort import is_relayed
 from ..buffers.host import HostBuffer
@@ -29,7 +29,7 @@ from ..flight.descriptions import Description
 from .matching import Fold, PostedRecv
 from .operation import Operation, OperationHost
 from .progress import CURRENT
-from ..wire.frames import Header, Kind
+from ..wire.frames import Header, Kind, new_header
 
 __all__ = ["Channel", "ChannelHost"]
 
@@ -45,6 +45,12 @@ class ChannelHost(OperationHost, Protocol):
     def cancel_recv(self, recv: PostedRecv) -> bool: ...
 
     def by_memory(self, rank: int, *, sending: bool) -> bool: ...
+
+    @property
+    def failed_calls(self) -> Mapping[tuple[int, int], AsyncDistError]: ...
+
+    @property
+    def revoked_contexts(self) -> Mapping[int, AsyncDistError]: ...
 
     def call_error(self, ctx: int, tag: int) -> AsyncDistError | None: ...
 
@@ -113,9 +119,8 @@ class Channel(Operation):
     def start_send(self, buf: HostBuffer, peer: int) -> asyncio.Future | None:
         """Start sending ``buf`` to group rank ``peer``; None if already sent."""
         host, seq = self._host, self.seq
-        header = Header(kind=Kind.DATA, ctx=self.ctx, src=host.rank, tag=seq, seq=seq, dtype=buf.dtype,
-                        shape=buf.shape, nbytes=buf.nbytes, op=self.op)  # fmt: skip
-        future = host.send(self.members[peer], header, buf.view)
+        fields = (Kind.DATA, self.ctx, host.rank, seq, seq, buf.dtype, buf.shape, buf.nbytes, self.op, 0)
+        future = host.send(self.members[peer], new_header(Header, fields), buf.view)
         if future is not None:
             self._sending[future] = (peer,)
         return future
@@ -175,10 +180,12 @@ class Channel(Operation):
                 self._on_close(self.seq)
         # A part that only sends can finish after its call failed here (an
         # ABORT, a disagreement detected on arrival): it failed all the same.
-        failed = self._host.call_error(self.ctx, self.seq)
-        if failed is not None:
-            self.close(failed)
-            raise failed
+        host = self._host
+        if host.failed_calls or host.revoked_contexts:  # else none did: the common case, without a call
+            failed = host.call_error(self.ctx, self.seq)
+            if failed is not None:
+                self.close(failed)
+                raise failed
         if handle is not None:  # completed
             self._ring.end(handle)
         return result

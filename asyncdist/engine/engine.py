@@ -87,6 +87,9 @@ class Engine:
         #: The unexpected messages by (ctx, src, tag), read only: empty in the
         #: common case, which a caller tests before asking for any of them.
         self.unexpected = self._mailbox.unexpected
+        #: The calls failed here and the contexts revoked, read only: both empty
+        #: in the common case, which a caller tests before asking :meth:`call_error`.
+        self.failed_calls, self.revoked_contexts = self._mailbox.aborted, self._mailbox.revoked
         self._connections: dict[int, Connection] = {}
         self._losses = Losses()
         self._inboxes: dict[int, PeerInbox] = {}
@@ -276,10 +279,9 @@ class Engine:
 
     def call_error(self, ctx: int, tag: int) -> AsyncDistError | None:
         """The error call (ctx, tag) failed with here (an ABORT, a detected mismatch), or None."""
-        mailbox = self._mailbox
-        if not (mailbox.aborted or mailbox.revoked):  # the common case, without a call
+        if not (self.failed_calls or self.revoked_contexts):  # the common case, without a call
             return None
-        return mailbox.call_error(ctx, tag)
+        return self._mailbox.call_error(ctx, tag)
 
     def fail_call(self, ctx: int, tag: int, error: AsyncDistError) -> None:
         """Fail call (ctx, tag)'s receives with ``error``, now and later; drop its messages."""

@@ -37,7 +37,7 @@ from ..flight import Flight
 from ..flight.descriptions import Description
 from ..flight.record_ring import CLOCK
 from .progress import Awaited, timeout_message
-from ..wire.frames import Header, Kind
+from ..wire.frames import Header, Kind, new_header
 from .deadlines import Deadlines
 
 __all__ = ["Operation", "OperationHost", "arm_deadline", "open_message", "wait_until", "ON_OPEN"]
@@ -333,9 +333,8 @@ class Operation:
     def send_payload(self, peer: int, tag: int, buf: HostBuffer) -> asyncio.Future | None:
         """Send ``buf`` to global rank ``peer`` as this message, with the user's
         ``tag``; None if it is already in the kernel."""
-        header = Header(kind=Kind.DATA, ctx=self.ctx, src=self._engine.rank, tag=tag, seq=0, dtype=buf.dtype,
-                        shape=buf.shape, nbytes=buf.nbytes)  # fmt: skip
-        return self._engine.send(peer, header, buf.view)
+        fields = (Kind.DATA, self.ctx, self._engine.rank, tag, 0, buf.dtype, buf.shape, buf.nbytes, "", 0)
+        return self._engine.send(peer, new_header(Header, fields), buf.view)
 
     def expect(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
         """``future`` waits on group ranks ``peers`` (sending to them, or receiving

@@ -88,7 +88,8 @@ class Collectives:
         """
         checked = [staged(tensor, writable=True) for tensor in tensors]
         names = [ops.check_op(op, buf.dtype) for buf, _ in checked]
-        channels = [self._all_reduce_channel(buf, name) for (buf, _), name in zip(checked, names)]
+        channels = [self._calls.channel(describe("all_reduce", reduce=name, dtype=buf.dtype, shape=buf.shape))
+                    for (buf, _), name in zip(checked, names)]  # fmt: skip
         for channel, (buf, write_back) in zip(channels, checked):
             await self._reduce_all(channel, buf, write_back, op)
 
@@ -96,10 +97,8 @@ class Collectives:
         """Combine every rank's ``tensor`` with ``op``; every rank gets the result in place."""
         buf, write_back = staged(tensor, writable=True)
         name = ops.check_op(op, buf.dtype)
-        await self._reduce_all(self._all_reduce_channel(buf, name), buf, write_back, op)
-
-    def _all_reduce_channel(self, buf: HostBuffer, op_name: str) -> Channel:
-        return self._calls.channel(describe("all_reduce", reduce=op_name, dtype=buf.dtype, shape=buf.shape))
+        channel = self._calls.channel(describe("all_reduce", reduce=name, dtype=buf.dtype, shape=buf.shape))
+        await self._reduce_all(channel, buf, write_back, op)
 
     async def _reduce_all(self, channel: Channel, buf: HostBuffer, write_back: Writeback, op: Any) -> None:
         ops.prepare(op, buf)

@@ -148,8 +148,7 @@ def combine(op: Any, acc: HostBuffer, other: HostBuffer) -> None:
     dtype = NUMPY_DTYPES.get(acc.dtype)
     if dtype is not None:  # numpy_view's flat arrays, made here: every small reduction passes
         a = np.frombuffer(acc.view, dtype)
-        with np.errstate(all="ignore"):
-            _UFUNCS[kind](a, np.frombuffer(other.view, dtype), out=a)
+        _apply_silently(_UFUNCS[kind], a, np.frombuffer(other.view, dtype))
         return
     _torch_combine(kind, acc, other)
 
@@ -193,8 +192,7 @@ def folder(op: Any, acc: HostBuffer) -> Callable[[np.ndarray, int], None]:
     def fold(piece: np.ndarray, offset: int) -> None:
         assert offset % itemsize == 0 and piece.nbytes % itemsize == 0, "a piece of whole elements"
         part = whole[offset // itemsize : (offset + piece.nbytes) // itemsize]
-        with np.errstate(all="ignore"):
-            ufunc(part, piece.view(dtype), out=part)
+        _apply_silently(ufunc, part, piece.view(dtype))
 
     return fold
 
@@ -224,6 +222,40 @@ def finish(op: Any, acc: HostBuffer, world_size: int) -> None:
 
 
 # -- helpers -------------------------------------------------------------------
+
+
+def _numpy_error_state() -> tuple[Any, Any] | None:
+    """NumPy 2's floating-point error handling, a context variable, and its
+    value under ``np.errstate(all="ignore")``; None before NumPy 2."""
+    try:
+        from numpy._core._ufunc_config import _extobj_contextvar
+    except ImportError:
+        return None
+    with np.errstate(all="ignore"):
+        return _extobj_contextvar, _extobj_contextvar.get()
+
+
+_ERROR_STATE = _numpy_error_state()
+
+if _ERROR_STATE is None:
+
+    def _apply_silently(ufunc: np.ufunc, acc: np.ndarray, other: np.ndarray) -> None:
+        """``ufunc(acc, other, out=acc)`` with no RuntimeWarning (overflow gives inf, as in torch)."""
+        with np.errstate(all="ignore"):
+            ufunc(acc, other, out=acc)
+
+else:
+    # Every fold of a reduction passes here: setting NumPy's context variable
+    # directly costs two C calls where ``np.errstate`` costs three Python calls.
+    _state, _ignore = _ERROR_STATE
+
+    def _apply_silently(ufunc: np.ufunc, acc: np.ndarray, other: np.ndarray) -> None:
+        """``ufunc(acc, other, out=acc)`` with no RuntimeWarning (overflow gives inf, as in torch)."""
+        token = _state.set(_ignore)
+        try:
+            ufunc(acc, other, out=acc)
+        finally:
+            _state.reset(token)
 
 
 def _factor_in(dtype: str, factor: Factor) -> Factor:

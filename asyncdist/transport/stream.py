@@ -34,7 +34,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import socket
 import struct
@@ -207,7 +206,7 @@ class Connection:
         process's memory, else inline. Returns and raises as :meth:`send_frame`
         (whose two lines it repeats: every message passes here)."""
         if payload is not None and payload.nbytes >= self._by_memory_from and self.peer_reads_me:
-            remote = dataclasses.replace(header, kind=Kind.REMOTE, addr=cma.address_of(payload))
+            remote = header._replace(kind=Kind.REMOTE, addr=cma.address_of(payload))
             return self.send_remote(encode_header(remote), payload)
         self.last_sent = self._loop.time()
         rings = self.rings

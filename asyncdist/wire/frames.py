@@ -28,9 +28,8 @@ The connection handshake lives in :mod:`asyncdist.wire.handshake`.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgpack
 
@@ -39,6 +38,7 @@ from ..errors import FrameTooLargeError, ProtocolError
 __all__ = [
     "Kind",
     "Header",
+    "new_header",
     "FrameSink",
     "FrameDecoder",
     "encode_header",
@@ -83,9 +83,12 @@ class Kind(IntEnum):
     WAKE = 12  # look at the shared-memory rings with the sender: data to read, or room to write
 
 
-@dataclass(slots=True)
-class Header:
+class Header(NamedTuple):
     """Everything the receiver needs to match and check a message.
+
+    A named tuple, in the order of the fields on the wire: it is packed as it
+    is, and the hot paths make one with ``new_header(Header, fields)``, a C
+    call (a class's own ``__init__`` or ``__new__`` is a Python call each).
 
     Attributes:
         kind: a :class:`Kind`.
@@ -117,25 +120,16 @@ class Header:
     addr: int = 0
 
 
+#: ``new_header(Header, (kind, ctx, src, tag, seq, dtype, shape, nbytes, op, addr))``:
+#: a :class:`Header` of all ten fields, made without a Python call.
+new_header = tuple.__new__
+
 _packer = msgpack.Packer(use_bin_type=True)
 
 
 def encode_header(header: Header) -> bytes:
     """Return the length prefix and header of a frame (the payload follows)."""
-    body = _packer.pack(
-        (
-            header.kind,
-            header.ctx,
-            header.src,
-            header.tag,
-            header.seq,
-            header.dtype,
-            header.shape,
-            header.nbytes,
-            header.op,
-            header.addr,
-        )
-    )
+    body = _packer.pack(header)  # a tuple: a msgpack array of the fields in order
     return PREFIX.pack(len(body)) + body
 
 
@@ -179,7 +173,7 @@ def decode_header(body: bytes | memoryview, max_payload: int = DEFAULT_MAX_PAYLO
         raise FrameTooLargeError(f"frame payload of {nbytes} bytes exceeds the limit of {max_payload} bytes")
     if (kind == Kind.REMOTE) != (addr > 0):
         raise ProtocolError(f"malformed frame header: memory address {addr} on a frame of kind {kind}")
-    return Header(kind, ctx, src, tag, seq, dtype, tuple(shape), nbytes, op, addr)
+    return new_header(Header, (kind, ctx, src, tag, seq, dtype, tuple(shape), nbytes, op, addr))
 
 
 _KINDS = frozenset(int(k) for k in Kind)

@@ -173,7 +173,7 @@ def headers(draw: st.DrawFn) -> Header:
     """Any valid header: a memory address exactly on REMOTE frames."""
     header = draw(_headers_without_address)
     if header.kind == Kind.REMOTE:
-        header.addr = draw(st.integers(1, UINT64_MAX))
+        header = header._replace(addr=draw(st.integers(1, UINT64_MAX)))
     return header
 
 
@@ -188,6 +188,7 @@ _headers_without_address = st.builds(
     shape=st.lists(st.integers(0, UINT64_MAX), max_size=8).map(tuple),
     nbytes=st.integers(0, DEFAULT_MAX_PAYLOAD_BYTES),
     op=st.text(max_size=60),
+    addr=st.just(0),
 )
 
 
