@@ -63,7 +63,7 @@ BACKEND_NAME = "torchft-asyncdist"
 _ABORT_SETTLE_SECONDS = 5.0
 
 
-class ProcessGroupAsyncdist(ProcessGroupWrapper):  # type: ignore[misc]  # torchft ships no types
+class ProcessGroupAsyncdist(ProcessGroupWrapper):
     """torchft's process group over asyncdist: a fresh asyncdist group per quorum.
 
     Args:
@@ -78,6 +78,8 @@ class ProcessGroupAsyncdist(ProcessGroupWrapper):  # type: ignore[misc]  # torch
         manager = Manager(pg=ProcessGroupAsyncdist(timedelta(seconds=10)), min_replica_size=2,
                           load_state_dict=model.load_state_dict, state_dict=model.state_dict)
     """
+
+    _pg: AsyncdistProcessGroup | None  # the current quorum's group (torchft's wrapper's attribute)
 
     def __init__(self, timeout: timedelta = timedelta(seconds=60)) -> None:
         super().__init__(timeout=timeout)

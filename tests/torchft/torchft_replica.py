@@ -22,9 +22,7 @@ import json
 import os
 import signal
 import sys
-import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -88,7 +86,7 @@ def train(args: dict) -> None:
     )
     ddp = DistributedDataParallel(manager, net)
     optim = Optimizer(manager, inner)
-    seen: dict = {"first_step": None, "failed_steps": [], "errors": [], "began": time.time(), "steps": []}
+    seen: dict = {"first_step": None, "failed_steps": [], "errors": []}
     try:
         while manager.current_step() < args["steps"]:
             optim.zero_grad()  # the quorum; a replica that restarted heals here
@@ -98,12 +96,10 @@ def train(args: dict) -> None:
             inputs, targets = batch(step, args["index"])
             loss = torch.nn.functional.mse_loss(ddp(inputs), targets)
             if step == args["kill_at"]:
-                Path(args["out"]).with_suffix(".killed").write_text(repr(time.time()))  # for a look at timings
                 os.kill(os.getpid(), signal.SIGKILL)
             loss.backward()  # DDP's all-reduce, through the Manager and the process group
             error = pg.errored()
             optim.step()  # commits only if every replica's all-reduce succeeded
-            seen["steps"].append((step, manager.current_step() > step, time.time()))  # for a look at timings
             if manager.current_step() == step:
                 seen["failed_steps"].append(step)
                 if error is not None:
