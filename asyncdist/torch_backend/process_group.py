@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 import torch.distributed as tdist
 
-from .._profiling import profiled
+from .._profiling import open_event
 from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
+from .profiled_work import ProfiledWork
 from .work import TorchWork
 
 if TYPE_CHECKING:
@@ -77,6 +78,17 @@ _SHRINK_ABORT = 0x01
 
 Operation = Callable[[ProcessGroup], Coroutine[Any, Any, Any]]
 _T = TypeVar("_T")
+
+#: The profiler event's name where gloo's differs from the operation's (gloo's
+#: ``gloo:all_gather`` for all_gather_into_tensor, ...), so tools that read
+#: c10d events find the same names with the ``asyncdist:`` prefix.
+_EVENT_NAMES = {
+    "all_reduce_coalesced": "all_reduce",
+    "all_gather_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "all_to_all_single": "all_to_all",
+}
 
 
 def _one(tensors: Sequence[_T], what: str) -> _T:
@@ -123,29 +135,41 @@ class _TorchCalls:
 
     # -- starting an operation ------------------------------------------------
 
-    def _start(self, what: str, operation: Operation, outputs: list[Tensor]) -> TorchWork:
+    def _start(self, what: str, operation: Operation, outputs: list[Tensor],
+               inputs: Sequence[Tensor] | None = None) -> TorchWork:
         """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once.
 
         Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
         call and the peers it waits on (also in the tasks ``_together`` starts).
+        ``inputs`` (default ``outputs``) are the tensors whose shapes the
+        profiler event records, gloo's choice for each operation.
         """
         group = self._group
 
-        def start() -> TorchWork:
-            label = f"{what} on group {group.name!r}"
-            work = Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
-            return TorchWork(work, outputs)
+        def start() -> Work:
+            return Work.start(lambda: operation(group), f"{what} on group {group.name!r}", outputs,
+                              rank=group.global_rank(group.rank))
 
-        return profiled(what, outputs, self._portal.start, start, what=f"{what}()")
+        return self._started(_EVENT_NAMES.get(what, what), start, outputs, outputs if inputs is None else inputs)
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:
         """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
         group = self._group
+        return self._started(what, lambda: operation(group), outputs, outputs)
 
-        def start() -> TorchWork:
-            return TorchWork(operation(group), outputs)
-
-        return profiled(what, outputs, self._portal.start, start, what=f"{what}()")
+    def _started(self, event_name: str, start: Callable[[], Work], outputs: list[Tensor],
+                 inputs: Sequence[Tensor]) -> TorchWork:
+        """Run ``start`` on the loop thread and wrap its Work; while a torch profiler
+        runs, the operation is its asynchronous event ``asyncdist:<event_name>``
+        (:mod:`.profiled_work`)."""
+        event = open_event(event_name, inputs)  # None unless profiling: one C call
+        if event is None:
+            return self._portal.start(lambda: TorchWork(start(), outputs), what=f"{event_name}()")
+        try:
+            return self._portal.start(lambda: ProfiledWork(start(), outputs, event), what=f"{event_name}()")
+        except BaseException:
+            event.end_elsewhere()  # it did not start: the event ends here
+            raise
 
     # -- collectives ------------------------------------------------------------
 
@@ -168,7 +192,7 @@ class _TorchCalls:
     def allgather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                   opts: AllgatherOptions | None = None) -> TorchWork:
         outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
-        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs))
+        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs), [tensor])
 
     def allgather_coalesced(self, output_lists: list[list[Tensor]], input_list: list[Tensor],
                             opts: AllgatherOptions | None = None) -> TorchWork:
@@ -177,40 +201,43 @@ class _TorchCalls:
             return _together([g.all_gather([per_rank[i] for per_rank in output_lists], tensor)
                               for i, tensor in enumerate(input_list)])
 
-        return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank])
+        return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank],
+                           input_list)
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: AllgatherOptions | None = None) -> TorchWork:
-        return self._start("all_gather_into_tensor", lambda g: g.all_gather_into_tensor(output, input), [output])
+        return self._start("all_gather_into_tensor", lambda g: g.all_gather_into_tensor(output, input), [output],
+                           [input])
 
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                     opts: AllgatherOptions | None = None) -> TorchWork:
         return self._start(
             "all_gather_into_tensor_coalesced",
             lambda g: _together([g.all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]),
-            list(outputs),
+            list(outputs), inputs,
         )
 
     def gather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                opts: GatherOptions | None = None) -> TorchWork:
         tensor, root = _one(input_tensors, "gather"), _root(opts)
         gather_list = output_tensors[0] if output_tensors else None  # only the root has a list
-        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []))
+        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []), [tensor])
 
     def scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                 opts: ScatterOptions | None = None) -> TorchWork:
         tensor, root = _one(output_tensors, "scatter"), _root(opts)
         scatter_list = input_tensors[0] if input_tensors else None  # only the root has a list
-        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor])
+        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor], scatter_list or [])
 
     def reduce_scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                        opts: ReduceScatterOptions | None = None) -> TorchWork:
         output, inputs, op = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter"), _op(opts)
-        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output])
+        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output], inputs)
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor,
                               opts: ReduceScatterOptions | None = None) -> TorchWork:
         op = _op(opts)
-        return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output])
+        return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output],
+                           [input])
 
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: ReduceScatterOptions | None = None) -> TorchWork:
@@ -218,18 +245,19 @@ class _TorchCalls:
         return self._start(
             "reduce_scatter_tensor_coalesced",
             lambda g: _together([g.reduce_scatter_tensor(o, i, op) for o, i in zip(outputs, inputs, strict=True)]),
-            list(outputs),
+            list(outputs), inputs,
         )
 
     def all_to_all_single(self, output: Tensor, input: Tensor, output_split_sizes: Sequence[int],
                           input_split_sizes: Sequence[int], opts: AllToAllOptions | None = None) -> TorchWork:
         out_splits, in_splits = _splits(output_split_sizes), _splits(input_split_sizes)
         return self._start(
-            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output])
+            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output], [input])
 
     def alltoall(self, output_tensors: list[Tensor], input_tensors: list[Tensor],
                  opts: AllToAllOptions | None = None) -> TorchWork:
-        return self._start("all_to_all", lambda g: g.all_to_all(output_tensors, input_tensors), list(output_tensors))
+        return self._start("all_to_all", lambda g: g.all_to_all(output_tensors, input_tensors), list(output_tensors),
+                           input_tensors)
 
     def barrier(self, opts: BarrierOptions | None = None) -> TorchWork:
         return self._start("barrier", lambda g: g.barrier(), [])
@@ -253,7 +281,7 @@ class _TorchCalls:
 
     def recv_anysource(self, tensors: list[Tensor], tag: int) -> TorchWork:
         tensor = _one(tensors, "recv")
-        return self._start_p2p("recv", lambda g: g.irecv(tensor, None, tag), [tensor])
+        return self._start_p2p("recvAnySource", lambda g: g.irecv(tensor, None, tag), [tensor])  # torch's event name
 
 
 class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[misc]  # torch's stubs: see _TorchCalls
