@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
+import torch
 import torch.distributed as tdist
 
 from .._profiling import open_event
@@ -46,6 +47,7 @@ from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
 from .profiled_work import ProfiledWork
+from .sparse import all_reduce_sparse
 from .work import TorchWork
 
 if TYPE_CHECKING:
@@ -175,6 +177,8 @@ class _TorchCalls:
 
     def allreduce(self, tensors: list[Tensor], opts: AllreduceOptions | None = None) -> TorchWork:
         tensor, op = _one(tensors, "allreduce"), _op(opts)
+        if tensor.layout == torch.sparse_coo:  # summed as gloo sums them (.sparse)
+            return self._start("all_reduce", lambda g: all_reduce_sparse(g, tensor, op), [tensor])
         return self._start("all_reduce", lambda g: g.all_reduce(tensor, op), [tensor])
 
     def allreduce_coalesced(self, tensors: list[Tensor], opts: AllreduceCoalescedOptions | None = None) -> TorchWork:
