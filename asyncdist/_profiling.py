@@ -44,15 +44,6 @@ R = TypeVar("R")
 _closer: ThreadPoolExecutor | None = None
 
 
-def _torch_if_profiling() -> Any:
-    """torch, if it is imported and a profiler is on; else None (one C call)."""
-    torch = sys.modules.get("torch")
-    autograd = getattr(torch, "autograd", None)  # None while torch is still being imported
-    if torch is None or autograd is None or not autograd._profiler_enabled():
-        return None
-    return torch
-
-
 def profiled(op: str, tensors: Sequence[Any], call: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
     """``call(*args, **kwargs)``, recorded as the event ``asyncdist:<op>`` if a torch profiler is on.
 
@@ -60,8 +51,9 @@ def profiled(op: str, tensors: Sequence[Any], call: Callable[..., R], /, *args: 
         op: the operation's name ("all_reduce", "isend").
         tensors: its inputs; the torch tensors among them give the event's input shapes.
     """
-    torch = _torch_if_profiling()
-    if torch is None:
+    torch = sys.modules.get("torch")
+    autograd = getattr(torch, "autograd", None)  # None while torch is still being imported
+    if torch is None or autograd is None or not autograd._profiler_enabled():
         return call(*args, **kwargs)
     inputs = [t for t in tensors if isinstance(t, torch.Tensor)]
     handle = torch._C._autograd._record_function_with_args_enter(f"asyncdist:{op}", *inputs)
@@ -81,8 +73,11 @@ def open_event(op: str, tensors: Sequence[Any]) -> AsyncEvent | None:
         op: the operation's name, as gloo's events have it ("all_reduce", "recvAnySource").
         tensors: its inputs; the torch tensors among them give the event's input shapes.
     """
-    torch = _torch_if_profiling()
-    return None if torch is None else AsyncEvent(torch, op, tensors)
+    torch = sys.modules.get("torch")
+    autograd = getattr(torch, "autograd", None)  # None while torch is still being imported
+    if torch is None or autograd is None or not autograd._profiler_enabled():
+        return None  # the common case: checked inline, one C call and no more
+    return AsyncEvent(torch, op, tensors)
 
 
 class AsyncEvent:
