@@ -96,11 +96,17 @@ class AsyncEvent:
         self._closed = torch.ops.profiler._call_end_callbacks_on_jit_fut._RecordFunction(handle, self._ended)
 
     def end_elsewhere(self) -> None:
-        """Close the event on the closing thread, soon (any thread; never blocks)."""
+        """Close the event on the closing thread, soon (any thread; never blocks;
+        once, however many times it is called)."""
         global _closer
         if _closer is None:
             _closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncdist-profiler")
-        _closer.submit(self._ended.set_result, None)
+        _closer.submit(self._end)
+
+    def _end(self) -> None:
+        # The closing thread only, one at a time: nothing else completes _ended.
+        if not self._ended.done():
+            self._ended.set_result(None)
 
     def wait_ended(self) -> None:
         """Block until the event is closed (after :meth:`end_elsewhere`)."""

@@ -48,4 +48,7 @@ class ProfiledWork(TorchWork):
             return super().wait(timeout)
         finally:
             if self.is_completed():  # not for a wait that timed out: the operation goes on
+                # Closed here too, not only by the loop's callback: this wait
+                # must not depend on the loop turning again.
+                self._event.end_elsewhere()
                 self._event.wait_ended()

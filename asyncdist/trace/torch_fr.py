@@ -85,7 +85,8 @@ def _sizes(op: str, shape: list[int] | None, n: int) -> tuple[str, list[list[int
     return None
 
 
-def _entry(dump: Dump, record: dict[str, Any], record_id: int, desc: str) -> dict[str, Any] | None:
+def _entry(dump: Dump, record: dict[str, Any], desc: str) -> dict[str, Any] | None:
+    """A collective's record as torch's entry (its ``record_id`` still to be set), or None."""
     described = record["described"]
     mapped = _sizes(described["op"], described["shape"], len(record["peers"]))
     if mapped is None:
@@ -98,7 +99,7 @@ def _entry(dump: Dump, record: dict[str, Any], record_id: int, desc: str) -> dic
         return None if clock is None else math.floor(dump.wall(clock) * 1e9)
 
     return {
-        "record_id": record_id, "pg_id": record["ctx"], "process_group": (record["group"], desc),
+        "pg_id": record["ctx"], "process_group": (record["group"], desc),
         "collective_seq_id": record["seq"], "p2p_seq_id": 0, "op_id": record["seq"], "is_p2p": False,
         "profiling_name": f"gloo:{op}", "time_created_ns": wall_ns(record["posted"]),
         "input_sizes": inputs, "input_dtypes": [dtype] * len(inputs),
@@ -132,9 +133,8 @@ def torch_dumps(trace: Trace) -> dict[int, dict[str, Any]]:
     out = {}
     for rank, dump in trace.dumps.items():
         collectives = [record for record in dump.entries if record["kind"] == "collective"]
-        entries = [e for e in (_entry(dump, record, 0, _description(record["group"])) for record in collectives) if e]
-        for record_id, entry in enumerate(entries):
-            entry["record_id"] = record_id
+        mapped = [_entry(dump, record, _description(record["group"])) for record in collectives]
+        entries = [{"record_id": i, **entry} for i, entry in enumerate(e for e in mapped if e is not None)]
         groups = {record["group"]: record["peers"] for record in collectives}
         out[rank] = {
             "version": TORCH_VERSION, "comm_lib_version": "", "pg_status": {}, "entries": entries,

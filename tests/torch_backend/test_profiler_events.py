@@ -65,6 +65,23 @@ def _torch_calls(rank: int) -> None:
         tdist.recv(torch.zeros(7))  # from any source
 
 
+def _gives_up_then_completes(rank: int) -> None:
+    """Under the profiler, a wait that gives up raises at once (the event stays open)
+    and the receive completes later: rank 0 sends only after it gave up. Not on gloo,
+    whose timed-out wait closes the connection."""
+    import torch.distributed as tdist
+
+    if rank == 1:
+        work = tdist.irecv(torch.zeros(1), src=0)
+        with pytest.raises(RuntimeError):
+            work.wait(timedelta(milliseconds=10))
+        tdist.barrier()
+        work.wait()
+    else:
+        tdist.barrier()
+        tdist.send(torch.ones(1), dst=1)
+
+
 def _profile_torch(backend: str, path: Path, rank: int) -> list[Event]:
     import torch.distributed as tdist
 
@@ -73,6 +90,8 @@ def _profile_torch(backend: str, path: Path, rank: int) -> list[Event]:
     with torch.profiler.profile(record_shapes=True) as profile:
         _torch_calls(rank)
         tdist.reduce_scatter_tensor(torch.zeros(2), torch.ones(4))  # gloo: an all_reduce (see below)
+        if backend == "asyncdist":
+            _gives_up_then_completes(rank)
     tdist.destroy_process_group()
     return _events(profile, backend)
 
@@ -95,7 +114,9 @@ def profile_all(tmp: Path) -> dict:
 def test_events_match_gloos_through_torch_and_are_synchronous_through_the_facade(tmp_path: Path) -> None:
     results = spawn(2, profile_all, tmp_path)
     for rank, found in enumerate(results):
-        *asyncdist_events, reduce_scatter = found["asyncdist"]
+        *asyncdist_events, reduce_scatter, first, second = found["asyncdist"]
+        gave_up = [("recv", True, [[1]]), ("barrier", True, [])]  # _gives_up_then_completes
+        assert [first, second] == (gave_up if rank == 1 else [("barrier", True, []), ("send", True, [[1]])])
         *gloo_events, gloo_reduce_scatter = found["gloo"]
         assert asyncdist_events == gloo_events, (rank, asyncdist_events, gloo_events)
         # gloo implements reduce_scatter_tensor as an all_reduce of the input, and records that;
