@@ -61,10 +61,8 @@ def _submit(
     outputs: Sequence[Any] = (),
     inputs: Sequence[Any] | None = None,
 ) -> Any:
-    """Run ``operation(g)`` on the loop thread as a Task of ``group`` (resolved to ``g``).
-
-    ``inputs`` (default ``outputs``): the tensors whose shapes a profiler
-    event records, the operation's inputs as gloo's events have them.
+    """Run ``operation(g)`` on the loop thread as a Task of ``group`` (resolved to ``g``);
+    a profiler event records the shapes of ``inputs`` (default ``outputs``), as gloo's do.
 
     Returns:
         None if this rank is not in the group; else the Work if ``async_op``,

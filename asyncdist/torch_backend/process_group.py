@@ -41,12 +41,11 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 import torch
 import torch.distributed as tdist
 
-from .._profiling import open_event
 from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
-from .profiled_work import ProfiledWork
+from .profiled_work import EVENT_NAMES, started
 from .sparse import all_reduce_sparse
 from .work import TorchWork
 
@@ -80,18 +79,6 @@ _SHRINK_ABORT = 0x01
 
 Operation = Callable[[ProcessGroup], Coroutine[Any, Any, Any]]
 _T = TypeVar("_T")
-
-#: The profiler event's name where gloo's differs from the operation's (gloo's
-#: ``gloo:all_gather`` for all_gather_into_tensor, ...), so tools that read
-#: c10d events find the same names with the ``asyncdist:`` prefix.
-_EVENT_NAMES = {
-    "all_reduce_coalesced": "all_reduce",
-    "all_gather_coalesced": "all_gather",
-    "all_gather_into_tensor": "all_gather",
-    "all_gather_into_tensor_coalesced": "all_gather",
-    "all_to_all_single": "all_to_all",
-}
-
 
 def _one(tensors: Sequence[_T], what: str) -> _T:
     """torch passes a list of one tensor per call (a list per device, once)."""
@@ -152,26 +139,13 @@ class _TorchCalls:
             return Work.start(lambda: operation(group), f"{what} on group {group.name!r}", outputs,
                               rank=group.global_rank(group.rank))
 
-        return self._started(_EVENT_NAMES.get(what, what), start, outputs, outputs if inputs is None else inputs)
+        return started(self._portal, EVENT_NAMES.get(what, what), start, outputs,
+                       outputs if inputs is None else inputs)
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:
         """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
         group = self._group
-        return self._started(what, lambda: operation(group), outputs, outputs)
-
-    def _started(self, event_name: str, start: Callable[[], Work], outputs: list[Tensor],
-                 inputs: Sequence[Tensor]) -> TorchWork:
-        """Run ``start`` on the loop thread and wrap its Work; while a torch profiler
-        runs, the operation is its asynchronous event ``asyncdist:<event_name>``
-        (:mod:`.profiled_work`)."""
-        event = open_event(event_name, inputs)  # None unless profiling: one C call
-        if event is None:
-            return self._portal.start(lambda: TorchWork(start(), outputs), what=f"{event_name}()")
-        try:
-            return self._portal.start(lambda: ProfiledWork(start(), outputs, event), what=f"{event_name}()")
-        except BaseException:
-            event.end_elsewhere()  # it did not start: the event ends here
-            raise
+        return started(self._portal, what, lambda: operation(group), outputs, outputs)
 
     # -- collectives ------------------------------------------------------------
 
