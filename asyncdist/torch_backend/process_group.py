@@ -21,6 +21,11 @@ tensors and an ``*Options`` struct, and live in a base class of their own,
 ``_TorchCalls``: torch's stubs declare each name with the convenience forms
 of its C++ binding too, which no caller of a Python backend uses.
 
+Two additions to translating: ``allreduce`` of a sparse COO tensor sums it
+as gloo does (:mod:`.sparse`), and while a torch profiler runs each call is
+one asynchronous event named as gloo's, with gloo's choice of input shapes
+(:mod:`.profiled_work`).
+
 Ordering: a collective takes its group's next call number when its
 coroutine first runs on the loop, and tasks first run in the order they
 were started, so the n-th collective started on every rank is matched with
@@ -79,6 +84,7 @@ _SHRINK_ABORT = 0x01
 
 Operation = Callable[[ProcessGroup], Coroutine[Any, Any, Any]]
 _T = TypeVar("_T")
+
 
 def _one(tensors: Sequence[_T], what: str) -> _T:
     """torch passes a list of one tensor per call (a list per device, once)."""
