@@ -25,7 +25,7 @@ from ..errors import InvalidArgumentError
 from .analyze import analyze, as_json, as_text
 from .load import load
 from .timeline import timeline
-from .torch_fr import TORCH_PREFIX, write_torch_dumps
+from .torch_fr import FR_PREFIX, write_torch_dumps
 
 __all__ = ["main"]
 
@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write the dumps in another tool's format")
     export.add_argument("folder", help="a folder of asyncdist-trace-rank<R>.json")
     export.add_argument("--torch", required=True, metavar="OUT",
-                        help=f"a folder for torch's flight-recorder analyzer: one {TORCH_PREFIX}<R> per rank")
+                        help=f"a folder for torch's flight-recorder analyzer: one {FR_PREFIX}<R> per rank")
     return parser
 
 
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "export":
         paths = write_torch_dumps(trace, args.torch)
         print(f"asyncdist-trace: wrote {len(paths)} dumps to {args.torch}; read them with "
-              f"python -m torch.distributed.flight_recorder.fr_trace {args.torch} --prefix {TORCH_PREFIX}")
+              f"python -m torch.distributed.flight_recorder.fr_trace {args.torch} --prefix {FR_PREFIX}")
         return 0
     with open(args.output, "w") as out:
         json.dump(timeline(trace), out)

@@ -47,12 +47,12 @@ from typing import Any
 
 from .load import Dump, Trace
 
-__all__ = ["TORCH_PREFIX", "TORCH_VERSION", "torch_dumps", "write_torch_dumps"]
+__all__ = ["FR_PREFIX", "FR_VERSION", "torch_dumps", "write_torch_dumps"]
 
-#: The file name of rank R's dump is ``TORCH_PREFIX + str(R)`` (``--prefix`` for fr_trace).
-TORCH_PREFIX = "torch-fr-rank"
+#: The file name of rank R's dump is ``FR_PREFIX + str(R)`` (``--prefix`` for fr_trace).
+FR_PREFIX = "torch-fr-rank"
 #: The dump format version torch 2.13's recorder writes (and its analyzer checks across ranks).
-TORCH_VERSION = "2.10"
+FR_VERSION = "2.10"
 
 _STATES = {"posted": "scheduled", "started": "started", "completed": "completed", "failed": "started"}
 
@@ -137,7 +137,7 @@ def torch_dumps(trace: Trace) -> dict[int, dict[str, Any]]:
         entries = [{"record_id": i, **entry} for i, entry in enumerate(e for e in mapped if e is not None)]
         groups = {record["group"]: record["peers"] for record in collectives}
         out[rank] = {
-            "version": TORCH_VERSION, "comm_lib_version": "", "pg_status": {}, "entries": entries,
+            "version": FR_VERSION, "comm_lib_version": "", "pg_status": {}, "entries": entries,
             "pg_config": {name: {"name": name, "desc": _description(name), "ranks": str(sorted(ranks))}
                           for name, ranks in groups.items()},
         }  # fmt: skip
@@ -153,7 +153,7 @@ def write_torch_dumps(trace: Trace, folder: str | Path) -> list[Path]:
     target.mkdir(parents=True, exist_ok=True)
     paths = []
     for rank, dump in sorted(torch_dumps(trace).items()):
-        path = target / f"{TORCH_PREFIX}{rank}"
+        path = target / f"{FR_PREFIX}{rank}"
         path.write_bytes(pickle.dumps(dump))
         paths.append(path)
     return paths
