@@ -59,8 +59,10 @@ def _submit(
     operation: Callable[[ProcessGroup], Coroutine[Any, Any, Any]],
     async_op: bool,
     outputs: Sequence[Any] = (),
+    inputs: Sequence[Any] | None = None,
 ) -> Any:
-    """Run ``operation(g)`` on the loop thread as a Task of ``group`` (resolved to ``g``).
+    """Run ``operation(g)`` on the loop thread as a Task of ``group`` (resolved to ``g``);
+    a profiler event records the shapes of ``inputs`` (default ``outputs``), as gloo's do.
 
     Returns:
         None if this rank is not in the group; else the Work if ``async_op``,
@@ -69,15 +71,16 @@ def _submit(
     g, portal = _member_and_portal(group)
     if g is None:
         return None
+    shapes = outputs if inputs is None else inputs
     if not async_op:  # one round trip to the loop thread: start, run and wait together
-        return profiled(what, outputs, portal.run, operation(g), what=f"{what}()")
+        return profiled(what, shapes, portal.run, operation(g), what=f"{what}()")
 
     def start() -> Work:
         # operation(g) runs on the loop thread: argument errors raise here, at once.
         # Work.start records the calls it opens, for a timed-out wait's message.
         return Work.start(lambda: operation(g), f"{what} on group {g.name!r}", list(outputs), rank=g.global_rank(g.rank))
 
-    return profiled(what, outputs, portal.start, start, what=f"{what}()")
+    return profiled(what, shapes, portal.start, start, what=f"{what}()")
 
 
 def broadcast(
@@ -131,7 +134,7 @@ def all_gather(tensor_list: list, tensor: Any, group: Group = None, async_op: bo
         InvalidArgumentError: ``tensor_list`` has the wrong length, dtype or sizes.
         CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
     """
-    return _submit(group, "all_gather", lambda g: g.all_gather(tensor_list, tensor), async_op, tensor_list)
+    return _submit(group, "all_gather", lambda g: g.all_gather(tensor_list, tensor), async_op, tensor_list, [tensor])
 
 
 def all_gather_coalesced(
@@ -153,7 +156,7 @@ def all_gather_coalesced(
         for i, tensor in enumerate(inputs):
             await g.all_gather([row[i] for row in rows], tensor)
 
-    return _submit(group, "all_gather_coalesced", gather_each, async_op, [t for row in rows for t in row])
+    return _submit(group, "all_gather_coalesced", gather_each, async_op, [t for row in rows for t in row], inputs)
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Group = None, async_op: bool = False) -> Work | None:
@@ -187,7 +190,8 @@ def all_gather_single(output_tensor: Any, input_tensor: Any, group: Group = None
 
 
 def _all_gather_into_tensor(what: str, output_tensor: Any, input_tensor: Any, group: Group, async_op: bool) -> Work | None:
-    return _submit(group, what, lambda g: g.all_gather_into_tensor(output_tensor, input_tensor), async_op, [output_tensor])
+    return _submit(group, what, lambda g: g.all_gather_into_tensor(output_tensor, input_tensor), async_op, [output_tensor],
+                   [input_tensor])
 
 
 def gather(
@@ -219,7 +223,8 @@ def gather(
         CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
     """
     return _submit(
-        group, "gather", lambda g: g.gather(tensor, gather_list, g.members.root(dst, group_dst, "dst", 0)), async_op, gather_list or []
+        group, "gather", lambda g: g.gather(tensor, gather_list, g.members.root(dst, group_dst, "dst", 0)), async_op, gather_list or [],
+        [tensor],
     )
 
 
@@ -252,7 +257,8 @@ def scatter(
         CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
     """
     return _submit(
-        group, "scatter", lambda g: g.scatter(tensor, scatter_list, g.members.root(src, group_src, "src", 0)), async_op, [tensor]
+        group, "scatter", lambda g: g.scatter(tensor, scatter_list, g.members.root(src, group_src, "src", 0)), async_op, [tensor],
+        scatter_list or [],
     )
 
 
@@ -276,7 +282,8 @@ def all_to_all(output_tensor_list: list, input_tensor_list: list, group: Group =
         PeerLostError, OperationTimeoutError: as for :func:`broadcast`.
     """
     return _submit(
-        group, "all_to_all", lambda g: g.all_to_all(output_tensor_list, input_tensor_list), async_op, output_tensor_list
+        group, "all_to_all", lambda g: g.all_to_all(output_tensor_list, input_tensor_list), async_op, output_tensor_list,
+        input_tensor_list,
     )
 
 
@@ -315,6 +322,7 @@ def all_to_all_single(
         lambda g: g.all_to_all_single(output, input, output_split_sizes, input_split_sizes),
         async_op,
         [output],
+        [input],
     )
 
 

@@ -58,7 +58,8 @@ def irecv(
     if g is None:
         return None
     peer = g.members.named(src, group_src, "src")
-    return profiled("irecv", (tensor,), _portal().start, g.irecv, tensor, peer, tag, what="irecv()")
+    event = "irecv" if peer is not None else "recvAnySource"  # torch's name for a receive from any rank
+    return profiled(event, (tensor,), _portal().start, g.irecv, tensor, peer, tag, what="irecv()")
 
 
 def send(
@@ -119,7 +120,8 @@ def recv(
     if g is None:
         return -1
     peer = g.members.named(src, group_src, "src")
-    sender = profiled("recv", (tensor,), _portal().run, g.recv(tensor, peer, tag), what="recv()")
+    event = "recv" if peer is not None else "recvAnySource"  # torch's name for a receive from any rank
+    sender = profiled(event, (tensor,), _portal().run, g.recv(tensor, peer, tag), what="recv()")
     return g.ranks[sender]
 
 

@@ -135,7 +135,7 @@ def reduce_scatter(output: Any, input_list: list, op: Any = ReduceOp.SUM, group:
         InvalidArgumentError: wrong list length, dtypes or sizes; a bad ``op``.
         CollectiveMismatchError, PeerLostError, OperationTimeoutError: as for :func:`all_reduce`.
     """
-    return _submit(group, "reduce_scatter", lambda g: g.reduce_scatter(output, input_list, op), async_op, [output])
+    return _submit(group, "reduce_scatter", lambda g: g.reduce_scatter(output, input_list, op), async_op, [output], input_list)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
@@ -169,7 +169,7 @@ def reduce_scatter_single(output: Any, input: Any, op: Any = ReduceOp.SUM, group
 
 
 def _reduce_scatter_tensor(what: str, output: Any, input: Any, op: Any, group: Group, async_op: bool) -> Work | None:
-    return _submit(group, what, lambda g: g.reduce_scatter_tensor(output, input, op), async_op, [output])
+    return _submit(group, what, lambda g: g.reduce_scatter_tensor(output, input, op), async_op, [output], [input])
 
 
 #: The ops asyncdist refuses on complex tensors: complex numbers are not ordered,

@@ -20,6 +20,8 @@ asyncdist`` never imports it, and it imports torch at once.
 * :mod:`.process_group` - :class:`AsyncdistProcessGroup`, torch's ProcessGroup
   API over an asyncdist group;
 * :mod:`.work` - :class:`TorchWork`, torch's Work over an asyncdist operation;
+* :mod:`.profiled_work` - the Work while a torch profiler runs, whose
+  asynchronous event closes when the operation completes;
 * :mod:`.shrinking` - what lets ``torch.distributed.shrink_group`` take the
   group an asyncdist shrink makes;
 * the store adapter is :class:`asyncdist.rendezvous.torch_store.TorchStore`

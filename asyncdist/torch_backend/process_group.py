@@ -21,6 +21,11 @@ tensors and an ``*Options`` struct, and live in a base class of their own,
 ``_TorchCalls``: torch's stubs declare each name with the convenience forms
 of its C++ binding too, which no caller of a Python backend uses.
 
+Two additions to translating: ``allreduce`` of a sparse COO tensor sums it
+as gloo does (:mod:`.sparse`), and while a torch profiler runs each call is
+one asynchronous event named as gloo's, with gloo's choice of input shapes
+(:mod:`.profiled_work`).
+
 Ordering: a collective takes its group's next call number when its
 coroutine first runs on the loop, and tasks first run in the order they
 were started, so the n-th collective started on every rank is matched with
@@ -38,13 +43,15 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
+import torch
 import torch.distributed as tdist
 
-from .._profiling import profiled
 from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
+from .profiled_work import EVENT_NAMES, started
+from .sparse import all_reduce_sparse
 from .work import TorchWork
 
 if TYPE_CHECKING:
@@ -123,34 +130,35 @@ class _TorchCalls:
 
     # -- starting an operation ------------------------------------------------
 
-    def _start(self, what: str, operation: Operation, outputs: list[Tensor]) -> TorchWork:
+    def _start(self, what: str, operation: Operation, outputs: list[Tensor],
+               inputs: Sequence[Tensor] | None = None) -> TorchWork:
         """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once.
 
         Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
         call and the peers it waits on (also in the tasks ``_together`` starts).
+        ``inputs`` (default ``outputs``) are the tensors whose shapes the
+        profiler event records, gloo's choice for each operation.
         """
         group = self._group
 
-        def start() -> TorchWork:
-            label = f"{what} on group {group.name!r}"
-            work = Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
-            return TorchWork(work, outputs)
+        def start() -> Work:
+            return Work.start(lambda: operation(group), f"{what} on group {group.name!r}", outputs,
+                              rank=group.global_rank(group.rank))
 
-        return profiled(what, outputs, self._portal.start, start, what=f"{what}()")
+        return started(self._portal, EVENT_NAMES.get(what, what), start, outputs,
+                       outputs if inputs is None else inputs)
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:
         """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
         group = self._group
-
-        def start() -> TorchWork:
-            return TorchWork(operation(group), outputs)
-
-        return profiled(what, outputs, self._portal.start, start, what=f"{what}()")
+        return started(self._portal, what, lambda: operation(group), outputs, outputs)
 
     # -- collectives ------------------------------------------------------------
 
     def allreduce(self, tensors: list[Tensor], opts: AllreduceOptions | None = None) -> TorchWork:
         tensor, op = _one(tensors, "allreduce"), _op(opts)
+        if tensor.layout == torch.sparse_coo:  # summed as gloo sums them (.sparse)
+            return self._start("all_reduce", lambda g: all_reduce_sparse(g, tensor, op), [tensor])
         return self._start("all_reduce", lambda g: g.all_reduce(tensor, op), [tensor])
 
     def allreduce_coalesced(self, tensors: list[Tensor], opts: AllreduceCoalescedOptions | None = None) -> TorchWork:
@@ -168,7 +176,7 @@ class _TorchCalls:
     def allgather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                   opts: AllgatherOptions | None = None) -> TorchWork:
         outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
-        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs))
+        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs), [tensor])
 
     def allgather_coalesced(self, output_lists: list[list[Tensor]], input_list: list[Tensor],
                             opts: AllgatherOptions | None = None) -> TorchWork:
@@ -177,40 +185,43 @@ class _TorchCalls:
             return _together([g.all_gather([per_rank[i] for per_rank in output_lists], tensor)
                               for i, tensor in enumerate(input_list)])
 
-        return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank])
+        return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank],
+                           input_list)
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: AllgatherOptions | None = None) -> TorchWork:
-        return self._start("all_gather_into_tensor", lambda g: g.all_gather_into_tensor(output, input), [output])
+        return self._start("all_gather_into_tensor", lambda g: g.all_gather_into_tensor(output, input), [output],
+                           [input])
 
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                     opts: AllgatherOptions | None = None) -> TorchWork:
         return self._start(
             "all_gather_into_tensor_coalesced",
             lambda g: _together([g.all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]),
-            list(outputs),
+            list(outputs), inputs,
         )
 
     def gather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                opts: GatherOptions | None = None) -> TorchWork:
         tensor, root = _one(input_tensors, "gather"), _root(opts)
         gather_list = output_tensors[0] if output_tensors else None  # only the root has a list
-        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []))
+        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []), [tensor])
 
     def scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                 opts: ScatterOptions | None = None) -> TorchWork:
         tensor, root = _one(output_tensors, "scatter"), _root(opts)
         scatter_list = input_tensors[0] if input_tensors else None  # only the root has a list
-        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor])
+        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor], scatter_list or [])
 
     def reduce_scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                        opts: ReduceScatterOptions | None = None) -> TorchWork:
         output, inputs, op = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter"), _op(opts)
-        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output])
+        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output], inputs)
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor,
                               opts: ReduceScatterOptions | None = None) -> TorchWork:
         op = _op(opts)
-        return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output])
+        return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output],
+                           [input])
 
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: ReduceScatterOptions | None = None) -> TorchWork:
@@ -218,18 +229,19 @@ class _TorchCalls:
         return self._start(
             "reduce_scatter_tensor_coalesced",
             lambda g: _together([g.reduce_scatter_tensor(o, i, op) for o, i in zip(outputs, inputs, strict=True)]),
-            list(outputs),
+            list(outputs), inputs,
         )
 
     def all_to_all_single(self, output: Tensor, input: Tensor, output_split_sizes: Sequence[int],
                           input_split_sizes: Sequence[int], opts: AllToAllOptions | None = None) -> TorchWork:
         out_splits, in_splits = _splits(output_split_sizes), _splits(input_split_sizes)
         return self._start(
-            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output])
+            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output], [input])
 
     def alltoall(self, output_tensors: list[Tensor], input_tensors: list[Tensor],
                  opts: AllToAllOptions | None = None) -> TorchWork:
-        return self._start("all_to_all", lambda g: g.all_to_all(output_tensors, input_tensors), list(output_tensors))
+        return self._start("all_to_all", lambda g: g.all_to_all(output_tensors, input_tensors), list(output_tensors),
+                           input_tensors)
 
     def barrier(self, opts: BarrierOptions | None = None) -> TorchWork:
         return self._start("barrier", lambda g: g.barrier(), [])
@@ -253,7 +265,7 @@ class _TorchCalls:
 
     def recv_anysource(self, tensors: list[Tensor], tag: int) -> TorchWork:
         tensor = _one(tensors, "recv")
-        return self._start_p2p("recv", lambda g: g.irecv(tensor, None, tag), [tensor])
+        return self._start_p2p("recvAnySource", lambda g: g.irecv(tensor, None, tag), [tensor])  # torch's event name
 
 
 class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[misc]  # torch's stubs: see _TorchCalls

@@ -1,4 +1,5 @@
-"""``asyncdist-trace``: ``analyze DIR [--json]`` and ``timeline DIR -o trace.json``.
+"""``asyncdist-trace``: ``analyze DIR [--json]``, ``timeline DIR -o trace.json``
+and ``export DIR --torch OUT`` (torch's flight-recorder format, :mod:`.torch_fr`).
 
 Example::
 
@@ -9,6 +10,8 @@ Example::
       call #57 (all_reduce(sum, float32[4])); rank 3's main thread is in
       train.py:40 in load (time.sleep(3600)), outside any asyncdist call
     $ asyncdist-trace timeline /tmp/traces -o trace.json   # open in ui.perfetto.dev
+    $ asyncdist-trace export /tmp/traces --torch /tmp/fr
+    $ python -m torch.distributed.flight_recorder.fr_trace /tmp/fr --prefix torch-fr-rank
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ..errors import InvalidArgumentError
 from .analyze import analyze, as_json, as_text
 from .load import load
 from .timeline import timeline
+from .torch_fr import FR_PREFIX, write_torch_dumps
 
 __all__ = ["main"]
 
@@ -35,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     draw = commands.add_parser("timeline", help="write a Chrome/Perfetto trace of every rank's operations")
     draw.add_argument("folder", help="a folder of asyncdist-trace-rank<R>.json")
     draw.add_argument("-o", "--output", default="trace.json", help="the trace file to write (default trace.json)")
+    export = commands.add_parser("export", help="write the dumps in another tool's format")
+    export.add_argument("folder", help="a folder of asyncdist-trace-rank<R>.json")
+    export.add_argument("--torch", required=True, metavar="OUT",
+                        help=f"a folder for torch's flight-recorder analyzer: one {FR_PREFIX}<R> per rank")
     return parser
 
 
@@ -49,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "analyze":
         findings = analyze(trace)
         print(json.dumps(as_json(trace, findings), indent=2) if args.json else as_text(trace, findings))
+        return 0
+    if args.command == "export":
+        paths = write_torch_dumps(trace, args.torch)
+        print(f"asyncdist-trace: wrote {len(paths)} dumps to {args.torch}; read them with "
+              f"python -m torch.distributed.flight_recorder.fr_trace {args.torch} --prefix {FR_PREFIX}")
         return 0
     with open(args.output, "w") as out:
         json.dump(timeline(trace), out)

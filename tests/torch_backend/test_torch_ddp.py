@@ -7,10 +7,15 @@ every rank (exactly) and the same as one process training on the whole batch
 FSDP2's ``fully_shard``; and DDP with PowerSGD's comm hook, which blocks
 inside future callbacks, agrees across ranks. One process start per world
 size runs every mode.
+
+A transformer LM under ``fully_shard`` (AdamW) and DTensor's redistributions
+and matmuls give bitwise gloo's results: one start of two processes runs
+both backends.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -135,3 +140,77 @@ def test_training_is_identical_on_every_rank_and_matches_one_process(tmp_path: P
             for a, b, e in zip(got[mode], ranks[0][mode], expected):
                 assert torch.equal(a, b), f"{mode}: rank {rank} differs from rank 0"
                 torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6, msg=f"{mode} on rank {rank}")
+
+
+# -- FSDP2 and DTensor: bitwise gloo's -------------------------------------------------
+
+VOCAB, WIDTH = 32, 16
+
+
+def lm() -> nn.Module:
+    """A tiny transformer language model: embedding, two encoder layers, a head."""
+    torch.manual_seed(0)
+    layers = [nn.TransformerEncoderLayer(WIDTH, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+              for _ in range(2)]
+    return nn.Sequential(nn.Embedding(VOCAB, WIDTH), *layers, nn.Linear(WIDTH, VOCAB))
+
+
+def fsdp_and_dtensor(backend: str, path: Path, rank: int) -> dict[str, list[torch.Tensor]]:
+    """Three AdamW steps of a fully_shard LM on this rank's tokens, and DTensor's
+    redistributions and matmuls, on ``backend``; every result as a full tensor."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.distributed.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=2)
+    model = lm()
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    tokens = torch.randint(0, VOCAB, (3, 4, 9), generator=torch.Generator().manual_seed(10 + rank))
+    for step in tokens:
+        optimizer.zero_grad()
+        logits = model(step[:, :-1])
+        F.cross_entropy(logits.reshape(-1, VOCAB), step[:, 1:].reshape(-1)).backward()
+        optimizer.step()
+    results = {"fsdp": [p.full_tensor().detach().clone() for p in model.parameters()]}
+
+    mesh = init_device_mesh("cpu", (2,))
+    gen = torch.Generator().manual_seed(3)  # the same matrices on both ranks
+    a, b = torch.randn(8, 6, generator=gen), torch.randn(6, 4, generator=gen)
+    rows = distribute_tensor(a, mesh, [Shard(0)])
+    cols = distribute_tensor(a, mesh, [Shard(1)])
+    results["dtensor"] = [
+        rows.redistribute(mesh, [Replicate()]).to_local(),        # all_gather
+        rows.redistribute(mesh, [Shard(1)]).full_tensor(),       # on CPU: all_gather, then a chunk
+        (rows @ distribute_tensor(b, mesh, [Replicate()])).full_tensor(),
+        (cols @ distribute_tensor(b, mesh, [Shard(0)])).redistribute(mesh, [Replicate()]).to_local(),  # Partial: all_reduce
+    ]
+    torch.distributed.destroy_process_group()
+    return results
+
+
+def both_backends(tmp: Path) -> dict[str, dict[str, list[torch.Tensor]]]:
+    import asyncdist.torch_backend  # noqa: F401  (registers "asyncdist")
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    return {backend: fsdp_and_dtensor(backend, tmp / backend, rank) for backend in ("gloo", "asyncdist")}
+
+
+def test_fsdp2_transformer_and_dtensor_results_are_bitwise_gloos(tmp_path: Path) -> None:
+    ranks = spawn(2, both_backends, tmp_path, timeout=90)
+    for rank, got in enumerate(ranks):
+        for what in ("fsdp", "dtensor"):
+            for mine, gloos in zip(got["asyncdist"][what], got["gloo"][what], strict=True):
+                assert torch.equal(mine, gloos), f"{what} on rank {rank} differs from gloo's"
+    # Independent of gloo: the FSDP model changed, and the same on both ranks; DTensor's products are a @ b.
+    assert not torch.equal(ranks[0]["asyncdist"]["fsdp"][0], lm()[0].weight.detach())
+    assert all(torch.equal(x, y) for x, y in zip(ranks[0]["asyncdist"]["fsdp"], ranks[1]["asyncdist"]["fsdp"]))
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(8, 6, generator=gen), torch.randn(6, 4, generator=gen)
+    gathered, resharded, product, partial = ranks[0]["asyncdist"]["dtensor"]
+    assert torch.equal(gathered, a) and torch.equal(resharded, a)
+    torch.testing.assert_close(product, a @ b)
+    torch.testing.assert_close(partial, a @ b)
