@@ -253,7 +253,10 @@ class OperationCancelledError(AsyncDistError, DistBackendError):
     The rank whose task was cancelled (``Task.cancel``, Ctrl-C) sees
     ``asyncio.CancelledError`` itself; the other members of the call get
     this error at once, instead of waiting for data that will not come.
-    Never a timeout: nothing ran out of time.
+    Never a timeout: nothing ran out of time. It is also the error of the
+    torch future of an operation cancelled on this rank
+    (:meth:`asyncdist.group.work.Work.get_future`), since torch's futures
+    take no ``asyncio.CancelledError``.
     """
 
 

@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any, Callable, Coroutine, Generator
 
 from .._torch import torch_future, torch_or_none
-from ..errors import OperationTimeoutError, WrongThreadError
+from ..errors import OperationCancelledError, OperationTimeoutError, WrongThreadError
 from ..timeouts import as_seconds
 from ..gpu.callers import after_wait
 from ..engine.progress import WAIT_TIMEOUT, Awaited, Progress, context_for
@@ -248,6 +248,10 @@ class Work:
 
         A ``torch.futures.Future`` when torch is installed (so ``.then()`` and
         ``.wait()`` work as in torch), else a ``concurrent.futures.Future``.
+        A torch future of a cancelled operation fails with
+        :class:`~asyncdist.errors.OperationCancelledError`: torch's futures
+        take no ``asyncio.CancelledError``, and one left incomplete would
+        hang its waiters.
         """
         torch = torch_or_none()
         target = torch_future(torch, self._outputs) if torch is not None else concurrent.futures.Future()
@@ -255,6 +259,9 @@ class Work:
         def transfer(future: asyncio.Future) -> None:
             error = self.exception()
             if error is not None:
+                if torch is not None and not isinstance(error, Exception):
+                    cancelled, error = error, OperationCancelledError(str(error))
+                    error.__cause__ = cancelled
                 target.set_exception(error)
             else:
                 after_wait(future)  # device results: the future's events follow them

@@ -88,3 +88,26 @@ async def test_a_cancelled_irecv_work_takes_no_later_message() -> None:
         await asyncio.gather(r0.send(np.ones(2), 1), r1.recv(got, 0))
         assert got.tolist() == [1.0, 1.0]
         assert lost.tolist() == [0.0, 0.0]
+
+
+async def test_a_cancelled_works_torch_future_fails_instead_of_never_completing() -> None:
+    torch = pytest.importorskip("torch")
+    async with local_world(2, timeout=10) as (r0, r1):
+        work = Work.start(lambda: r1.recv(np.zeros(1), 0), "recv from rank 0", rank=1)
+        future = work.get_future()
+        assert isinstance(future, torch.futures.Future)
+        await _started(work.future)
+        work.future.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await work
+        # Completed by the done-callback, which ran as the cancelled task ended.
+        assert future.done()
+        with pytest.raises(OperationCancelledError, match="recv from rank 0 was cancelled"):
+            future.wait()
+        # One made after the cancellation fails alike.
+        with pytest.raises(OperationCancelledError, match="recv from rank 0 was cancelled"):
+            work.get_future().wait()
+
+        got = np.zeros(1)
+        await asyncio.gather(r0.send(np.ones(1), 1), r1.recv(got, 0))
+        assert got.tolist() == [1.0]
