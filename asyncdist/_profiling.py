@@ -39,9 +39,11 @@ __all__ = ["profiled", "open_event", "AsyncEvent"]
 
 R = TypeVar("R")
 
-# The one thread that closes asynchronous events; made on first use, so only
-# while a profiler runs. One thread keeps the events' ends in completion order.
-_closer: ThreadPoolExecutor | None = None
+# The one thread that closes asynchronous events, in completion order. The
+# executor starts it at the first event's end, so only while a profiler runs;
+# made here, not on first use, where two threads (the loop's done-callback and
+# a waiting one) could each make one and close an event twice at once.
+_closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncdist-profiler")
 
 
 def profiled(op: str, tensors: Sequence[Any], call: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
@@ -98,9 +100,6 @@ class AsyncEvent:
     def end_elsewhere(self) -> None:
         """Close the event on the closing thread, soon (any thread; never blocks;
         once, however many times it is called)."""
-        global _closer
-        if _closer is None:
-            _closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncdist-profiler")
         _closer.submit(self._end)
 
     def _end(self) -> None:
