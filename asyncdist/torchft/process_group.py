@@ -121,12 +121,18 @@ class ProcessGroupAsyncdist(ProcessGroupWrapper):
         super().configure(
             store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size, global_ranks
         )
+
+    def _create_pg(self, store: Store, rank: int, world_size: int) -> AsyncdistProcessGroup:
+        """The quorum's asyncdist group over ``store`` (already prefixed for the quorum).
+
+        torchft's ``configure`` calls it after aborting the last group and
+        before it sets the new one: the last group's Works and error are
+        forgotten here, while no operation can start (``parent`` raises), so
+        that none of the new group's is forgotten with them.
+        """
         with self._lock:
             self._works.clear()
             self._error = None
-
-    def _create_pg(self, store: Store, rank: int, world_size: int) -> AsyncdistProcessGroup:
-        """The quorum's asyncdist group over ``store`` (already prefixed for the quorum)."""
         return create_group(
             store,
             rank,
@@ -190,18 +196,24 @@ class ProcessGroupAsyncdist(ProcessGroupWrapper):
         fail as the group is revoked (the other members' operations on it fail
         too). torchft's ``configure`` calls ``abort(errored=False)`` before
         making the next quorum's group; with ``errored=True`` (the default)
-        :meth:`errored` then reports the error. Idempotent.
+        :meth:`errored` then reports the error. Idempotent. The group is
+        closed and forgotten even if failing its operations raised (the
+        error is then raised after), so that the next ``configure`` starts
+        afresh.
         """
         pg = self._pg
-        if isinstance(pg, AsyncdistProcessGroup):
-            with self._lock:
-                works = list(self._works)
-            error = pg.loop_thread.run(_fail_outstanding(pg.asyncdist_group, works), what="ProcessGroupAsyncdist.abort()")
-            if errored:
+        try:
+            if pg is not None:
                 with self._lock:
-                    self._collect()
-                    self._error = self._error or error
-        super().abort(errored)  # logs to torchft's error log, closes the group (pg.abort) and forgets it
+                    works = list(self._works)
+                error = pg.loop_thread.run(_fail_outstanding(pg.asyncdist_group, works),
+                                           what="ProcessGroupAsyncdist.abort()")
+                if errored:
+                    with self._lock:
+                        self._collect()
+                        self._error = self._error or error
+        finally:
+            super().abort(errored)  # logs to torchft's error log, closes the group (pg.abort) and forgets it
 
     def shutdown(self) -> None:
         """Close the group, if there is one (peers still waiting on this rank get
