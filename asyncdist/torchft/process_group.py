@@ -165,13 +165,17 @@ class ProcessGroupAsyncdist(ProcessGroupWrapper):
         return wrapped
 
     def _collect(self) -> None:
-        """Drop the Works that ended, keeping the first error among them (lock held)."""
+        """Drop the Works that ended, keeping the first error among them (lock held).
+
+        A cancelled operation (its loop thread stopped) counts as failed, as a
+        ClosedError: its tensors were not reduced, and the step must not commit.
+        """
         running = []
         for work in self._works:
             if not work.is_completed():
                 running.append(work)
-            elif self._error is None and isinstance(error := work.exception(), Exception):
-                self._error = error
+            elif self._error is None and (error := work.exception()) is not None:
+                self._error = error if isinstance(error, Exception) else ClosedError(str(error))
         self._works = running
 
     # -- errors -----------------------------------------------------------------------

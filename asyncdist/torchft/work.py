@@ -28,13 +28,13 @@ asyncdist loop's.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
 import torch.distributed as tdist
 
 from ..engine.progress import Awaited
-from ..errors import AsyncDistError
 from ..torch_backend.work import TorchWork
 
 __all__ = ["TorchftWork"]
@@ -66,7 +66,7 @@ class TorchftWork(tdist.Work):
         """
         try:
             self._work.wait(timeout)
-        except AsyncDistError:
+        except (Exception, asyncio.CancelledError):  # the operation's error, whatever it is (not only asyncdist's)
             if not self._work.is_completed():
                 raise  # this wait gave up (or was refused); the operation goes on
         try:
