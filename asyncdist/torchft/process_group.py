@@ -44,7 +44,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import Store
+from torch.distributed import AllreduceOptions, ReduceOp, Store
 from torchft.process_group import ProcessGroupWrapper
 
 from ..errors import AsyncDistError, ClosedError, PeerLostError
@@ -154,6 +154,17 @@ class ProcessGroupAsyncdist(ProcessGroupWrapper):
             raise ClosedError("ProcessGroupAsyncdist has no process group: configure() it (torchft's "
                               "Manager does at each quorum); it was never configured, or aborted or shut down")
         return pg
+
+    def _opts_hook(self, opts: Any) -> Any:
+        """The options torchft's wrapper hands on to each operation: a bare
+        ``ReduceOp`` (``pg.allreduce([t], ReduceOp.SUM)``, which torchft's own
+        groups take, as torch's C++ bindings do) becomes the options struct
+        the asyncdist backend reads its reduction from."""
+        if isinstance(opts, ReduceOp):
+            options = AllreduceOptions()
+            options.reduceOp = opts
+            return options
+        return opts
 
     def _wrap_work(self, work: Any, opts: object) -> TorchftWork:
         """Each operation's Work, as torchft waits on it; kept until it ends (for

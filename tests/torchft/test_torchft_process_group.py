@@ -63,6 +63,10 @@ def test_each_quorum_gets_a_fresh_group(store: TCPStore, pgs: list[ProcessGroupA
         expected = torch.arange(5, dtype=torch.float32) * (2 * quorum + 1)
         for tensor in tensors:
             torch.testing.assert_close(tensor, expected)
+        # A bare ReduceOp, as torchft's own groups take it.
+        maxima = [torch.tensor([float(r), 5.0 - r]) for r in range(2)]
+        assert [w.wait() for w in [pg.allreduce([t], ReduceOp.MAX) for pg, t in zip(pgs, maxima)]] == [True, True]
+        assert [t.tolist() for t in maxima] == [[1.0, 5.0], [1.0, 5.0]]
         assert pgs[0].size() == 2 and pgs[0].getBackendName() == "torchft-asyncdist"
         assert f"torchft quorum {quorum}" in repr(pgs[1])
         assert [pg.errored() for pg in pgs] == [None, None]
