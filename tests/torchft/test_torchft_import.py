@@ -1,4 +1,4 @@
-"""Nothing of torchft is imported unless asyncdist.torchft is (runs with or without torchft installed)."""
+"""Nothing of torchft is imported unless asyncdist.torchft is (runs with or without torch and torchft installed)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import subprocess
 import sys
 
 CHECK = """
-import sys
+import importlib.util, sys
 import asyncdist, asyncdist.run, asyncdist.testing, asyncdist.launcher, asyncdist.bench.cli
-import asyncdist.torch_backend
+if importlib.util.find_spec("torch"):
+    import asyncdist.torch_backend
 assert not [m for m in sys.modules if m == "torchft" or m.startswith(("torchft.", "asyncdist.torchft"))], "torchft imported"
 """
 
