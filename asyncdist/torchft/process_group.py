@@ -118,6 +118,7 @@ class ProcessGroupAsyncdist(ProcessGroupWrapper):
             RendezvousError: the quorum's members did not all connect within the timeout.
             DistStoreError: the store at ``store_addr`` could not be reached (torch's).
         """
+        # torchft's own, unchanged (it calls abort and _create_pg); overridden for this docstring.
         super().configure(
             store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size, global_ranks
         )
