@@ -50,7 +50,7 @@ from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
-from .profiled_work import EVENT_NAMES, started
+from .profiled_work import started
 from .sparse import all_reduce_sparse
 from .work import TorchWork
 
@@ -145,8 +145,7 @@ class _TorchCalls:
             return Work.start(lambda: operation(group), f"{what} on group {group.name!r}", outputs,
                               rank=group.global_rank(group.rank))
 
-        return started(self._portal, EVENT_NAMES.get(what, what), start, outputs,
-                       outputs if inputs is None else inputs)
+        return started(self._portal, what, start, outputs, outputs if inputs is None else inputs)
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:
         """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
@@ -265,7 +264,7 @@ class _TorchCalls:
 
     def recv_anysource(self, tensors: list[Tensor], tag: int) -> TorchWork:
         tensor = _one(tensors, "recv")
-        return self._start_p2p("recvAnySource", lambda g: g.irecv(tensor, None, tag), [tensor])  # torch's event name
+        return self._start_p2p("recv_anysource", lambda g: g.irecv(tensor, None, tag), [tensor])
 
 
 class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[misc]  # torch's stubs: see _TorchCalls

@@ -42,22 +42,24 @@ EVENT_NAMES = {
     "all_gather_into_tensor": "all_gather",
     "all_gather_into_tensor_coalesced": "all_gather",
     "all_to_all_single": "all_to_all",
+    "recv_anysource": "recvAnySource",
 }
 
 
-def started(portal: LoopThread, event_name: str, start: Callable[[], Work], outputs: list[Tensor],
+def started(portal: LoopThread, what: str, start: Callable[[], Work], outputs: list[Tensor],
             inputs: Sequence[Tensor]) -> TorchWork:
     """Run ``start`` on the loop thread and wrap the Work it returns; while a torch
-    profiler runs, the operation is the asynchronous event ``asyncdist:<event_name>``
-    with the shapes of ``inputs``.
+    profiler runs, the operation is the asynchronous event ``asyncdist:<name>``,
+    ``name`` being gloo's for the operation ``what`` (:data:`EVENT_NAMES`), with
+    the shapes of ``inputs``.
 
-    Any thread but the loop's.
+    Any thread but the loop's; errors name the call ``what()``.
     """
-    event = open_event(event_name, inputs)  # None unless profiling: one C call
+    event = open_event(EVENT_NAMES.get(what, what), inputs)  # None unless profiling: one C call
     if event is None:
-        return portal.start(lambda: TorchWork(start(), outputs), what=f"{event_name}()")
+        return portal.start(lambda: TorchWork(start(), outputs), what=f"{what}()")
     try:
-        return portal.start(lambda: ProfiledWork(start(), outputs, event), what=f"{event_name}()")
+        return portal.start(lambda: ProfiledWork(start(), outputs, event), what=f"{what}()")
     except BaseException:
         event.end_elsewhere()  # it did not start: the event ends here
         raise
