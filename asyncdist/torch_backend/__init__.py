@@ -15,13 +15,15 @@ backend runs on asyncdist, and so does what torch builds on them
 This package is the one part of asyncdist that needs torch: ``import
 asyncdist`` never imports it, and it imports torch at once.
 
-* :mod:`.backend` - the creator torch calls per group, and the loop thread
-  that all groups of the process share;
+* :mod:`.backend` - the creator torch calls per group, ``create_group`` (a
+  group from a store, a rank and a size, which :mod:`asyncdist.torchft`
+  makes per quorum), and the loop thread that all groups of the process share;
 * :mod:`.process_group` - :class:`AsyncdistProcessGroup`, torch's ProcessGroup
   API over an asyncdist group;
 * :mod:`.work` - :class:`TorchWork`, torch's Work over an asyncdist operation;
 * :mod:`.profiled_work` - the Work while a torch profiler runs, whose
   asynchronous event closes when the operation completes;
+* :mod:`.sparse` - ``all_reduce`` of sparse COO tensors, summed as gloo sums them;
 * :mod:`.shrinking` - what lets ``torch.distributed.shrink_group`` take the
   group an asyncdist shrink makes;
 * the store adapter is :class:`asyncdist.rendezvous.torch_store.TorchStore`

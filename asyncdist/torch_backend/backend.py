@@ -87,10 +87,12 @@ class _Runtime:
             self.stop_if_idle()
 
     def add(self, group: AsyncdistProcessGroup) -> None:
+        """Keep the loop thread while ``group`` (one a shrink made) lives."""
         with self._lock:
             self.groups.add(group)
 
     def forget(self, group: AsyncdistProcessGroup) -> None:
+        """``group`` is shut down; stop the loop thread if no group is left."""
         with self._lock:
             self.groups.discard(group)
         self.stop_if_idle()
