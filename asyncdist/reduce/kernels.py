@@ -228,7 +228,7 @@ def _numpy_error_state() -> tuple[Any, Any] | None:
     """NumPy 2's floating-point error handling, a context variable, and its
     value under ``np.errstate(all="ignore")``; None before NumPy 2."""
     try:
-        from numpy._core._ufunc_config import _extobj_contextvar
+        from numpy._core._ufunc_config import _extobj_contextvar  # type: ignore[attr-defined]  # private, not in NumPy's stubs
     except ImportError:
         return None
     with np.errstate(all="ignore"):
