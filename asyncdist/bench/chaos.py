@@ -42,7 +42,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import IO, Any, Sequence
 
 import numpy as np
 
@@ -211,12 +211,16 @@ class _Driver:
         for sent, _, survivors, kill in self.kills:
             alive = [w for w in survivors if w not in self.killed or self._first(w, "recovered", sent)]
             failed = [t for w in alive if (t := self._first(w, "failed", sent)) is not None]
-            shrunk = [self._first(w, "shrunk", sent) for w in alive]
-            recovered = [self._first(w, "recovered", sent) for w in alive]
             kill.detection = min(failed) - sent if failed else None
-            kill.new_group = max(shrunk) - sent if alive and None not in shrunk else None  # type: ignore[type-var]
-            kill.recovery = max(recovered) - sent if alive and None not in recovered else None  # type: ignore[type-var]
+            kill.new_group = self._last(alive, "shrunk", sent)
+            kill.recovery = self._last(alive, "recovered", sent)
         return self.kills
+
+    def _last(self, workers: list[Worker], name: str, sent: float) -> float | None:
+        """Seconds from ``sent`` to the last of ``workers``' first ``name`` after it; None if one has none yet."""
+        times = [self._first(w, name, sent) for w in workers]
+        found = [t for t in times if t is not None]
+        return max(found) - sent if found and len(found) == len(times) else None
 
     def _settled(self) -> bool:
         """Every kill so far recovered from, and every replacement admitted."""
@@ -241,7 +245,7 @@ def run_path(path: str, opts: Options, faults: bool) -> Run:
         driver.close()
 
 
-def run(paths: Sequence[str], opts: Options, log=sys.stderr) -> list[PathResult]:  # type: ignore[no-untyped-def]
+def run(paths: Sequence[str], opts: Options, log: IO[str] = sys.stderr) -> list[PathResult]:
     """Every path asked for, with and without faults, and the weights of each checked."""
     results = []
     for path in paths:
@@ -349,16 +353,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def options(args: argparse.Namespace) -> Options:
     """The :class:`Options` of parsed flags (``--ci`` fills those not given)."""
-    preset = {"ranks": 3, "duration": 3.0, "interval": 1.0, "kills": 2, "settle": True} if args.ci else {}
+    preset: dict[str, Any] = {"ranks": 3, "duration": 3.0, "interval": 1.0, "kills": 2, "settle": True} if args.ci else {}
     defaults = Options()
 
-    def pick(name: str) -> object:
+    def pick(name: str) -> Any:
         value = getattr(args, name)
         return value if value is not None else preset.get(name, getattr(defaults, name))
 
-    kills = pick("kills")
-    return Options(ranks=int(pick("ranks")), duration=float(pick("duration")),  # type: ignore[arg-type]
-                   interval=float(pick("interval")), kills=None if kills is None else int(kills),  # type: ignore[arg-type]
+    return Options(ranks=pick("ranks"), duration=pick("duration"), interval=pick("interval"), kills=pick("kills"),
                    baseline=args.baseline, seed=args.seed, settle=bool(pick("settle")), timeout=args.timeout,
                    heartbeat_ms=args.heartbeat_ms, model=Model(hidden=args.hidden, seed=args.seed))
 
