@@ -113,8 +113,11 @@ def available(path: str) -> str | None:
     """None if ``path`` can run here, else why not."""
     if path != "asyncdist" and importlib.util.find_spec("torchft") is None:
         return "torchft is not installed (pip install torchft)"
-    if path == "torchft-asyncdist" and importlib.util.find_spec("asyncdist.torchft") is None:
-        return "asyncdist.torchft is not in this asyncdist"
+    if path == "torchft-asyncdist":
+        try:  # imported, not only found: it needs torchft and this asyncdist's torch backend to import
+            importlib.import_module("asyncdist.torchft")
+        except ImportError as exc:
+            return f"asyncdist.torchft does not import here ({exc})"
     return None
 
 
@@ -379,7 +382,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m asyncdist.ben
         return 1
     command = " ".join([prog, *(argv if argv is not None else sys.argv[1:])])
     print(f"{command}\n\n{opts.ranks} ranks, a kill every {opts.interval:g} s, {opts.duration:g} s per run; "
-          f"times from the SIGKILL; admission from the replacement's start\n")
+          f"times from the SIGKILL; start-up from a replacement's start, admission from then\n")
     print("\n".join(table(results, opts)))
     if args.json:
         with open(args.json, "w") as f:

@@ -136,7 +136,8 @@ class _Elastic:
         import asyncdist as dist
 
         assert self.params is not None
-        self.before = {self.step - 1: self.before.get(self.step - 1, self.params), self.step: self.params.copy()}
+        kept = {self.step - 1: self.before[self.step - 1]} if self.step - 1 in self.before else {}
+        self.before = {**kept, self.step: self.params.copy()}
         rank, size = dist.get_rank(), dist.get_world_size()
         cells = np.concatenate([grad(self.model, self.params, self.step, rank, size),
                                 [float(orders.started > self.admitted), float(orders.stop)]])

@@ -59,7 +59,7 @@ def test_torchft_manager_over_its_gloo_group_through_two_kills():
 @pytest.mark.timeout(300)
 def test_torchft_manager_over_asyncdist_through_two_kills():
     pytest.importorskip("torchft")
-    pytest.importorskip("asyncdist.torchft")
+    pytest.importorskip("asyncdist.torchft", exc_type=ImportError)
     _chaos("torchft-asyncdist", ranks=2)
 
 
@@ -79,6 +79,17 @@ def test_a_path_that_is_not_installed_is_reported_not_available(monkeypatch):
     assert "torchft is not installed" in str(chaos.available("torchft-gloo"))
     row = chaos.table([chaos.PathResult("torchft-gloo", missing=chaos.available("torchft-gloo"))], chaos.Options())
     assert "not available: torchft is not installed" in row[-1]
+
+
+def test_path_b_is_not_available_when_asyncdist_torchft_does_not_import(monkeypatch):
+    def no_module(name):
+        raise ModuleNotFoundError(f"No module named {name!r}")
+
+    monkeypatch.setattr(chaos.importlib.util, "find_spec", lambda name: object())  # torchft is installed
+    monkeypatch.setattr(chaos.importlib, "import_module", no_module)
+    assert chaos.available("torchft-gloo") is None
+    assert chaos.available("torchft-asyncdist") == (
+        "asyncdist.torchft does not import here (No module named 'asyncdist.torchft')")
 
 
 def test_ci_flags_fill_what_is_not_given():
