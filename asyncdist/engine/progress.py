@@ -156,10 +156,10 @@ class Progress:
         """Record a step the operation opened (loop thread)."""
         self._steps.append(step)
 
-    def timeout_error(self, seconds: float) -> OperationTimeoutError:
-        """The error of a ``Work.wait`` that gave up after ``seconds`` (any thread).
+    def waiting(self) -> tuple[str, Awaited]:
+        """Where the operation is and the peers it awaits now (any thread).
 
-        It names the open steps that wait on peers (an operation of several
+        Where: the open steps that wait on peers (an operation of several
         calls, such as ``all_reduce_coalesced``, has opened them all, but
         only the running one waits), or every open step if none waits yet,
         or the operation itself if it has opened none.
@@ -171,6 +171,12 @@ class Progress:
         awaited = Awaited()
         for _, part in waiting:
             awaited = awaited.merged(part)
+        return where, awaited
+
+    def timeout_error(self, seconds: float) -> OperationTimeoutError:
+        """The error of a ``Work.wait`` that gave up after ``seconds`` (any thread),
+        naming where the operation is and whom it awaits (:meth:`waiting`)."""
+        where, awaited = self.waiting()
         return OperationTimeoutError(timeout_message(self.rank, where, seconds, awaited, why=WAIT_TIMEOUT))
 
 

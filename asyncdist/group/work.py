@@ -29,7 +29,7 @@ from .._torch import torch_future, torch_or_none
 from ..errors import OperationTimeoutError, WrongThreadError
 from ..timeouts import as_seconds
 from ..gpu.callers import after_wait
-from ..engine.progress import WAIT_TIMEOUT, Progress, context_for
+from ..engine.progress import WAIT_TIMEOUT, Awaited, Progress, context_for
 
 __all__ = ["Work", "completed_future", "create_task_in"]
 
@@ -200,6 +200,13 @@ class Work:
             if self._event is None:
                 self._event = threading.Event()
             return self._event
+
+    def waiting(self) -> tuple[str, Awaited] | None:
+        """Where the running operation is and the peers it awaits now (any
+        thread; :meth:`Progress.waiting`); None once it is done, or for an
+        operation made without a Progress."""
+        progress = self._progress
+        return None if progress is None or self._future.done() else progress.waiting()
 
     def is_completed(self) -> bool:
         """True once the operation has finished, successfully or not."""

@@ -25,15 +25,24 @@ last attempt. The keys therefore also go under the attempt,
 Every group of the process lives on one :class:`~asyncdist.loop.thread.LoopThread`,
 started by the first group and stopped when the last one is shut down
 (``destroy_process_group``). :data:`_runtime` is the one object that holds it.
+:func:`create_group` is the part that does not need torch's registry: it
+makes a group from a store, a rank and a size, for the creator and for
+torchft's reconfigurable group (:mod:`asyncdist.torchft`), which makes one
+per quorum.
 
 Thread affinity: torch calls the creator from the thread that creates the
 group; it blocks until every member has joined (as torch's own backends do).
+Groups may be created and shut down from several threads at once (torchft
+configures from its quorum thread): the runtime's lock keeps one loop thread.
 """
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
+
+import torch.distributed as tdist
 
 from .. import settings
 from ..errors import InvalidArgumentError
@@ -42,7 +51,7 @@ from ..rendezvous.torch_store import TorchStore
 from ..group.world import init_world
 from .process_group import AsyncdistProcessGroup
 
-__all__ = ["create_backend"]
+__all__ = ["create_backend", "create_group"]
 
 
 class _Runtime:
@@ -55,20 +64,43 @@ class _Runtime:
         # the default group's); counting creations per name keeps each
         # incarnation's keys apart in a store that outlives it (torchrun's).
         self.created: dict[str, int] = {}
+        # Held while the loop thread is made, or stopped with the group set empty;
+        # also counts the groups being made, which keep the loop thread too.
+        self._lock = threading.Lock()
+        self._making = 0
 
     def loop_thread(self) -> LoopThread:
-        if self.portal is None:
-            self.portal = LoopThread(name="asyncdist-torch-loop")
-        return self.portal
+        """The loop thread, started if there is none; pair with :meth:`made`."""
+        with self._lock:
+            self._making += 1
+            if self.portal is None:
+                self.portal = LoopThread(name="asyncdist-torch-loop")
+            return self.portal
+
+    def made(self, group: AsyncdistProcessGroup | None) -> None:
+        """A group began with :meth:`loop_thread` is made (None: it failed)."""
+        with self._lock:
+            self._making -= 1
+            if group is not None:
+                self.groups.add(group)
+        if group is None:
+            self.stop_if_idle()
+
+    def add(self, group: AsyncdistProcessGroup) -> None:
+        with self._lock:
+            self.groups.add(group)
 
     def forget(self, group: AsyncdistProcessGroup) -> None:
-        self.groups.discard(group)
+        with self._lock:
+            self.groups.discard(group)
         self.stop_if_idle()
 
     def stop_if_idle(self) -> None:
-        if not self.groups and self.portal is not None:
+        with self._lock:
+            if self.groups or self._making or self.portal is None:
+                return
             portal, self.portal = self.portal, None
-            portal.stop()
+        portal.stop()
 
 
 _runtime = _Runtime()
@@ -100,23 +132,53 @@ def create_backend(options: Any, backend_options: Any = None) -> AsyncdistProces
     generation = _runtime.created.get(name, 0)
     _runtime.created[name] = generation + 1
     members = list(options.global_ranks_in_group)  # empty for the default group
-    timeout: timedelta = options.timeout
+    return create_group(
+        options.store,
+        options.group_rank,
+        options.group_size,
+        options.timeout,
+        group_name=f"torch:{name}" + (f" (global ranks {members})" if members else ""),
+        store_prefix=f"asyncdist/attempt_{_attempt()}/{generation}",
+    )
+
+
+def create_group(
+    store: tdist.Store, rank: int, world_size: int, timeout: timedelta, *, group_name: str, store_prefix: str
+) -> AsyncdistProcessGroup:
+    """Make an asyncdist group of ``world_size`` processes over a torch store (blocking).
+
+    Each member calls it with its own ``rank``; it returns once every member
+    has joined. The group is a world of its own (see the module docstring)
+    and lives on the process's loop thread until it is shut down.
+
+    Args:
+        store: a torch ``Store`` that every member reaches (a ``PrefixStore``
+            scoped to this group, as torch and torchft pass).
+        rank: this process's rank in the group, ``0 <= rank < world_size``.
+        world_size: the number of members.
+        timeout: how long to wait for the members, and every operation's timeout.
+        group_name: the name that error messages give the group.
+        store_prefix: where under ``store`` the group's keys go.
+
+    Raises:
+        RendezvousError: the members could not connect (see :func:`asyncdist.init_world`).
+        InvalidArgumentError: ``rank`` or ``world_size`` is out of range.
+    """
     portal = _runtime.loop_thread()
+    group: AsyncdistProcessGroup | None = None
     try:
         world = portal.run(
             init_world(
-                store=TorchStore(options.store),
-                rank=options.group_rank,
-                world_size=options.group_size,
+                store=TorchStore(store),
+                rank=rank,
+                world_size=world_size,
                 timeout=timeout,
-                group_name=f"torch:{name}" + (f" (global ranks {members})" if members else ""),
-                store_prefix=f"asyncdist/attempt_{_attempt()}/{generation}",
+                group_name=group_name,
+                store_prefix=store_prefix,
             ),
-            what="torch.distributed: creating an asyncdist process group",
+            what="creating an asyncdist process group",
         )
-    except BaseException:
-        _runtime.stop_if_idle()
-        raise
-    group = AsyncdistProcessGroup(world, portal, _runtime.forget, _runtime.groups.add)
-    _runtime.groups.add(group)
+        group = AsyncdistProcessGroup(world, portal, _runtime.forget, _runtime.add)
+    finally:
+        _runtime.made(group)
     return group

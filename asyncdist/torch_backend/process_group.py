@@ -310,6 +310,11 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
         """The asyncdist group underneath (loop thread only, as its methods are)."""
         return self._group
 
+    @property
+    def loop_thread(self) -> LoopThread:
+        """The loop thread the group lives on, where its methods run."""
+        return self._portal
+
     # -- shrinking (torch.distributed.shrink_group) --------------------------------
 
     def _get_backend(self, device: Any) -> Any:  # torch's stub says Backend: see .shrinking

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as tdist
 
 from .._torch import torch_future
+from ..engine.progress import Awaited
 from ..group.work import Work
 
 __all__ = ["TorchWork", "COMPLETIONS"]
@@ -101,6 +102,11 @@ class TorchWork(tdist.Work):
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
+
+    def waiting(self) -> tuple[str, Awaited] | None:
+        """Where the running operation is and the peers it awaits (any thread);
+        None once done (:meth:`asyncdist.group.work.Work.waiting`)."""
+        return self._work.waiting()
 
     def is_success(self) -> bool:
         return self._work.is_success()
