@@ -35,7 +35,9 @@ def _chaos(path: str, ranks: int) -> chaos.PathResult:
     assert run is not None and result.clean is None
     assert [pid for pid in run.pids if not _gone(pid)] == []
     assert len(run.kills) == 2 and len(run.pids) == ranks + 2
-    assert all(k.detection is not None and k.recovery is not None for k in run.kills), run.kills
+    assert all(k.recovery is not None for k in run.kills), run.kills
+    if path == "asyncdist":  # torchft's survivor may never fail a step: its next quorum leaves the dead out
+        assert all(k.detection is not None and k.new_group is not None for k in run.kills), run.kills
     assert len(run.admissions) == 2
     assert len(run.weights) == ranks and min(steps for steps, _ in run.weights) > 0
     expected = references(opts.model, sorted({steps for steps, _ in run.weights}))
