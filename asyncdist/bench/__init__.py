@@ -14,6 +14,9 @@ Run it as ``asyncdist-bench`` or ``python -m asyncdist.bench`` (see
 * :mod:`~asyncdist.bench.document` — the reference page, ``docs/benchmarks.md`` (``--report``);
 * :mod:`~asyncdist.bench.calls` and :mod:`~asyncdist.bench.call_counter` — Python calls per
   operation, counted (``--count-calls``);
+* :mod:`~asyncdist.bench.chaos`, :mod:`~asyncdist.bench.chaos_cluster`,
+  :mod:`~asyncdist.bench.chaos_worker` and :mod:`~asyncdist.bench.chaos_model` — training
+  while ranks are SIGKILLed and replaced (``--chaos``);
 * :mod:`~asyncdist.bench.cli` — the command line.
 
 Nothing here is imported by ``import asyncdist``.

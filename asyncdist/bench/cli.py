@@ -34,6 +34,10 @@ sweep's flags (``--ops``, ``-b``, ``-e``, ...) apply as to a plain sweep.
 The sweeps are the plain sweep's own functions (:func:`_plan`,
 :func:`_series`, :func:`_run`), run once per world size.
 
+``--chaos`` runs instead the chaos benchmark (:mod:`asyncdist.bench.chaos`:
+training while ranks are SIGKILLed and replaced); every other flag given
+with it is the chaos benchmark's own (``asyncdist-bench --chaos --help``).
+
 ``--ops ddp`` adds the DDP training-step row (:mod:`asyncdist.bench.ddp`),
 which is not in the default ``--ops``: it needs torch, and asyncdist runs it
 through its torch backend, a series of its own.
@@ -173,6 +177,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE.md",
                    help="write the reference page (docs/benchmarks.md): floors, the sweep at 2 and 4 ranks "
                    "against gloo and MPI, call counts, plots")
+    p.add_argument("--chaos", action="store_true",
+                   help="instead of the sweep: the chaos benchmark, training while ranks are SIGKILLed and replaced "
+                   "(python -m asyncdist.bench.chaos; the other flags are then its own: --chaos --help)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds one library's whole sweep may take (default 1800)")
     return p
 
@@ -251,6 +258,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or os.path.basename(sys.argv[0]) or "asyncdist-bench"
+    if "--chaos" in argv:
+        # Imported here, as calls below: `python -m asyncdist.bench.chaos` must not find itself imported.
+        from . import chaos
+
+        return chaos.main([arg for arg in argv if arg != "--chaos"], prog=f"{prog} --chaos")
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.report and (args.scale or args.count_calls or args.json or args.plot):

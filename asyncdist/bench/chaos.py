@@ -1,0 +1,394 @@
+"""``python -m asyncdist.bench.chaos`` (also ``asyncdist-bench --chaos``): training through SIGKILLs.
+
+N worker processes on this host train :mod:`~asyncdist.bench.chaos_model`'s
+MLP (batch ``s`` drawn from step ``s``) for a fixed wall time. Every K
+seconds a seeded schedule SIGKILLs a random member (never the last one,
+never the slot killed just before) and starts a replacement process at once.
+Each path runs twice, with and without the kills, and reports:
+
+* steps per second with faults, and the share kept of the fault-free run's;
+* per kill, from the signal (``time.monotonic()``, one clock for every process of
+  a host): *detection*, to the first survivor's failed step; *new group*, to
+  the last survivor's new group (asyncdist's shrink, torchft's next quorum);
+  *recovery*, to the last survivor's first step committed in it (p50, p95, max);
+* *start-up*: from a replacement's start until it is ready to join (the
+  interpreter, the imports: torch's for torchft; its Manager);
+* *admission*: from then to its first step in the job (asyncdist: the
+  survivors' ``grow_group`` and the weights' broadcast; torchft: the quorum
+  that takes it in and its healing by checkpoint transfer);
+* *weights*: every finishing worker's final weights against a fault-free
+  sequential run of as many steps (:func:`~asyncdist.bench.chaos_model.references`):
+  PASS only if each matches, so no failed step was half-applied or lost.
+
+The paths (:mod:`~asyncdist.bench.chaos_worker` says how each trains):
+``asyncdist``, asyncdist's own shrink and grow through the facade;
+``torchft-asyncdist``, torchft's ``Manager`` over ``asyncdist.torchft.ProcessGroupAsyncdist``;
+``torchft-gloo``, the same over torchft's ``ProcessGroupGloo``. A path whose
+packages are not installed is reported "not available".
+
+``--ci`` is the tiny form: 3 ranks, 2 kills, each kill after the previous
+one has recovered and its replacement was admitted (``--settle``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import queue
+import random
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Sequence
+
+import numpy as np
+
+from .chaos_cluster import Cluster, Worker
+from .chaos_model import Model, matches, references
+
+__all__ = ["Options", "PathResult", "PATHS", "available", "run_path", "run", "main"]
+
+#: The paths, in the order they run: (a), (b), (c).
+PATHS = ("asyncdist", "torchft-asyncdist", "torchft-gloo")
+
+
+@dataclass
+class Options:
+    """What one chaos run does (the command line's flags)."""
+
+    ranks: int = 8
+    duration: float = 180.0
+    interval: float = 10.0
+    kills: int | None = None  # at most this many kills per run (None: no limit)
+    baseline: float | None = None  # the fault-free run's wall time (None: ``duration``; 0: no such run)
+    seed: int = 0
+    settle: bool = False
+    timeout: float = 10.0  # torchft: the Manager's (and so its process group's) timeout
+    heartbeat_ms: int | None = None  # torchft: the lighthouse's heartbeat timeout (None: torchft's default)
+    model: Model = field(default_factory=Model)
+
+
+@dataclass
+class Kill:
+    """One SIGKILL, and the times after it (seconds; None: never happened)."""
+
+    slot: int
+    detection: float | None = None
+    new_group: float | None = None
+    recovery: float | None = None
+
+
+@dataclass
+class Run:
+    """One run of one path: its rate, its kills and replacements, its final weights."""
+
+    steps: int
+    seconds: float
+    kills: list[Kill]
+    startups: list[float]
+    admissions: list[float]
+    weights: list[tuple[int, np.ndarray]]
+    pids: list[int]
+
+    @property
+    def rate(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class PathResult:
+    """A path's runs (with and without faults), or why it did not run."""
+
+    path: str
+    missing: str | None = None
+    faulty: Run | None = None
+    clean: Run | None = None
+    passed: bool | None = None
+
+
+def available(path: str) -> str | None:
+    """None if ``path`` can run here, else why not."""
+    if path != "asyncdist" and importlib.util.find_spec("torchft") is None:
+        return "torchft is not installed (pip install torchft)"
+    if path == "torchft-asyncdist":
+        try:  # imported, not only found: it needs torchft and this asyncdist's torch backend to import
+            importlib.import_module("asyncdist.torchft")
+        except ImportError as exc:
+            return f"asyncdist.torchft does not import here ({exc})"
+    return None
+
+
+class _Driver:
+    """The event loop of one run: start, go, kill and replace on schedule, stop, collect."""
+
+    def __init__(self, path: str, opts: Options, faults: bool) -> None:
+        self.opts, self.faults = opts, faults
+        self.cluster = Cluster(path, json.dumps(asdict(opts.model)), opts.timeout, opts.heartbeat_ms)
+        self.members: set[Worker] = set()
+        self.killed: set[Worker] = set()
+        self.log: dict[Worker, list[tuple[str, float]]] = {}
+        self.kills: list[tuple[float, Worker, set[Worker], Kill]] = []
+        self.startups: list[float] = []
+        self.admissions: list[float] = []
+        self.joining: dict[Worker, float] = {}
+        self.done: dict[Worker, tuple[int, float, str]] = {}
+        self.waiting: set[Worker] = set()
+
+    def run(self, duration: float) -> Run:
+        opts = self.opts
+        self.cluster.start(opts.ranks)
+        ready = 0
+        while ready < opts.ranks:
+            if self._next(time.monotonic() + 300.0) == "ready":
+                ready += 1
+        self.cluster.tell_all("go")
+        t0 = time.monotonic()
+        rng = random.Random(opts.seed)
+        next_kill, end = t0 + opts.interval, t0 + duration
+        last_slot, stop_at = -1, None
+        while stop_at is None or not self._finished():
+            now = time.monotonic()
+            settled = not opts.settle or self._settled()
+            # settled kills (--ci): the run goes on until each of its --kills happened
+            owed = self.faults and opts.settle and opts.kills is not None and len(self.kills) < opts.kills
+            if stop_at is None and now >= end and settled and not owed:
+                self.cluster.tell_all("stop")
+                stop_at = now
+            elif stop_at is not None and now > stop_at + 120.0:
+                raise RuntimeError(f"{self.cluster.path}: the workers did not finish within 120 s of 'stop'")
+            if (self.faults and stop_at is None and now >= next_kill and settled and len(self.members) >= 2
+                    and (opts.kills is None or len(self.kills) < opts.kills)):
+                last_slot = self._kill(rng, last_slot)
+                next_kill = max(next_kill + opts.interval, now)
+            self._next(min(next_kill if self.faults else end, end, now + 0.5) if stop_at is None else now + 1.0)
+        t_end = min(t for _, t, _ in self.done.values())
+        weights = [(steps, np.load(out)) for steps, _, out in self.done.values()]
+        return Run(max(steps for steps, _ in weights), t_end - t0, [k for *_, k in self._measured()],
+                   self.startups, self.admissions, weights, [w.proc.pid for w in self.cluster.workers])
+
+    def _kill(self, rng: random.Random, last_slot: int) -> int:
+        choices = sorted(self.members, key=lambda w: w.slot)
+        victim = rng.choice([w for w in choices if w.slot != last_slot] or choices)
+        sent = self.cluster.kill(victim)
+        self.members.discard(victim)
+        self.killed.add(victim)
+        self.kills.append((sent, victim, set(self.members), Kill(victim.slot)))
+        self.waiting.add(self.cluster.replace(victim))
+        return victim.slot
+
+    def _next(self, until: float) -> str:
+        """Handle the next event, if one comes before ``until``; its name, or "" if none came."""
+        try:
+            ev = self.cluster.events.get(timeout=max(0.0, until - time.monotonic()))
+        except queue.Empty:
+            return ""
+        w, name = ev.worker, ev.name
+        self.log.setdefault(w, []).append((name, ev.t))
+        if name in ("ready", "admitted"):
+            self.members.add(w)
+            if name == "admitted":
+                self.waiting.discard(w)
+                self.admissions.append(ev.t - self.joining.get(w, w.started))
+        elif name == "joining":
+            self.joining[w] = ev.t
+            self.startups.append(ev.t - w.started)
+            self.cluster.announce()
+        elif name == "done":
+            self.done[w] = (int(ev.fields["steps"]), ev.t, str(ev.fields["out"]))
+        elif name == "exit" and w not in self.killed and w not in self.done and w.proc.returncode != -9:
+            raise RuntimeError(f"{self.cluster.path}: worker pid {w.proc.pid} (slot {w.slot}) exited with code "
+                               f"{ev.fields['code']} before it finished:\n{self.cluster.log_tail(w)}")
+        return name
+
+    def _finished(self) -> bool:
+        return all(w in self.done for w in self.members)
+
+    def _first(self, w: Worker, name: str, after: float) -> float | None:
+        return next((t for n, t in self.log.get(w, []) if n == name and t > after), None)
+
+    def _measured(self) -> list[tuple[float, Worker, set[Worker], Kill]]:
+        """Each kill with its times filled in, from the survivors' events."""
+        for sent, _, survivors, kill in self.kills:
+            alive = [w for w in survivors if w not in self.killed or self._first(w, "recovered", sent)]
+            failed = [t for w in alive if (t := self._first(w, "failed", sent)) is not None]
+            kill.detection = min(failed) - sent if failed else None
+            kill.new_group = self._last(alive, "shrunk", sent)
+            kill.recovery = self._last(alive, "recovered", sent)
+        return self.kills
+
+    def _last(self, workers: list[Worker], name: str, sent: float) -> float | None:
+        """Seconds from ``sent`` to the last of ``workers``' first ``name`` after it; None if one has none yet."""
+        times = [self._first(w, name, sent) for w in workers]
+        found = [t for t in times if t is not None]
+        return max(found) - sent if found and len(found) == len(times) else None
+
+    def _settled(self) -> bool:
+        """Every kill so far recovered from, and every replacement admitted."""
+        return not self.waiting and all(k.recovery is not None for *_, k in self._measured())
+
+    def close(self) -> None:
+        self.cluster.close()
+        shutil.rmtree(self.cluster.folder, ignore_errors=True)
+
+
+def run_path(path: str, opts: Options, faults: bool) -> Run:
+    """One run of ``path``; every process it started is killed and reaped before it returns.
+
+    Raises:
+        RuntimeError: a worker exited before it finished, or the run did not end.
+    """
+    duration = opts.duration if faults or opts.baseline is None else opts.baseline
+    driver = _Driver(path, opts, faults)
+    try:
+        return driver.run(duration)
+    finally:
+        driver.close()
+
+
+def run(paths: Sequence[str], opts: Options, log: IO[str] = sys.stderr) -> list[PathResult]:
+    """Every path asked for, with and without faults, and the weights of each checked."""
+    results = []
+    for path in paths:
+        result = PathResult(path, missing=available(path))
+        if result.missing is None:
+            print(f"chaos: {path}: {opts.ranks} ranks, a kill every {opts.interval:g} s for {opts.duration:g} s ...",
+                  file=log, flush=True)
+            result.faulty = run_path(path, opts, faults=True)
+            if opts.baseline != 0:
+                print(f"chaos: {path}: the same with no fault ...", file=log, flush=True)
+                result.clean = run_path(path, opts, faults=False)
+        results.append(result)
+    counts = sorted({steps for r in results for run_ in (r.faulty, r.clean) if run_ for steps, _ in run_.weights})
+    if counts:
+        print(f"chaos: the sequential reference, {counts[-1]} steps ...", file=log, flush=True)
+    expected = references(opts.model, counts)
+    for r in results:
+        runs = [run_ for run_ in (r.faulty, r.clean) if run_ is not None]
+        if runs:
+            r.passed = all(matches(w, expected[steps]) for run_ in runs for steps, w in run_.weights)
+    return results
+
+
+def _ms(values: Sequence[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.0f}" if values else "-"
+
+
+def _spread(values: Sequence[float], scale: float, unit: str) -> str:
+    """p50 / p95 / max of ``values`` (nearest rank), in ``unit``."""
+    if not values:
+        return "-"
+    v = sorted(values)
+    p95 = v[min(len(v) - 1, max(0, int(np.ceil(0.95 * len(v))) - 1))]
+    return f"{statistics.median(v) * scale:.0f} / {p95 * scale:.0f} / {v[-1] * scale:.0f} {unit}"
+
+
+def table(results: Sequence[PathResult], opts: Options) -> list[str]:
+    """The Markdown table of the paths, side by side."""
+    lines = [
+        "| path | steps/s, no fault | steps/s, faults | kept | kills | recovery p50 / p95 / max "
+        "| detection p50 | new group p50 | start-up p50 | admission p50 / p95 / max | weights |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if r.missing is not None or r.faulty is None:
+            lines.append(f"| {r.path} | not available: {r.missing} |" + " |" * 9)
+            continue
+        f, c = r.faulty, r.clean
+        kills = f.kills
+        recovered = [k.recovery for k in kills if k.recovery is not None]
+        lost = len(kills) - len(recovered)
+        kept = f"{f.rate / c.rate * 100:.1f} %" if c is not None and c.rate else "-"
+        lines.append(
+            f"| {r.path} | {f'{c.rate:.0f}' if c else '-'} | {f.rate:.0f} | {kept} | {len(kills)}"
+            f"{f' ({lost} not recovered)' if lost else ''} | {_spread(recovered, 1e3, 'ms')} "
+            f"| {_ms([k.detection for k in kills if k.detection is not None])} ms "
+            f"| {_ms([k.new_group for k in kills if k.new_group is not None])} ms "
+            f"| {_ms(f.startups)} ms | {_spread(f.admissions, 1e3, 'ms')} | {'PASS' if r.passed else 'FAIL'} |")
+    return lines
+
+
+def to_json(results: Sequence[PathResult], opts: Options) -> dict:
+    """The results as a json-able dict (the weights left out)."""
+    def run_(r: Run | None) -> dict | None:
+        if r is None:
+            return None
+        return {"steps": r.steps, "seconds": r.seconds, "rate": r.rate, "startups": r.startups,
+                "admissions": r.admissions,
+                "kills": [asdict(k) for k in r.kills]}
+
+    return {"options": {**asdict(opts)}, "paths": [
+        {"path": r.path, "missing": r.missing, "passed": r.passed, "faulty": run_(r.faulty), "clean": run_(r.clean)}
+        for r in results]}
+
+
+def _paths(text: str) -> list[str]:
+    names = {"a": "asyncdist", "b": "torchft-asyncdist", "c": "torchft-gloo"}
+    chosen = [names.get(part.strip(), part.strip()) for part in text.split(",") if part.strip()]
+    unknown = [p for p in chosen if p not in PATHS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown path(s) {unknown or text!r}; choose from a,b,c or {','.join(PATHS)}")
+    return chosen
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The command line's flags (see the module's docstring)."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].split(": ", 1)[-1])
+    p.add_argument("--paths", type=_paths, default=list(PATHS), help="a,b,c or their names (default all)")
+    p.add_argument("--ranks", type=int, help="worker processes (default 8; 3 with --ci)")
+    p.add_argument("--duration", type=float, help="seconds of training per run (default 180; 3 with --ci)")
+    p.add_argument("--interval", type=float, help="seconds between kills (default 10; 1 with --ci)")
+    p.add_argument("--kills", type=int, help="at most this many kills per run (default: no limit; 2 with --ci)")
+    p.add_argument("--baseline", type=float, help="seconds of the fault-free run (default: --duration; 0: none)")
+    p.add_argument("--seed", type=int, default=0, help="the kill schedule's and the model's seed (default 0)")
+    p.add_argument("--settle", action="store_true", default=None,
+                   help="kill only once the previous kill recovered and its replacement was admitted")
+    p.add_argument("--hidden", type=int, default=64, help="the MLP's hidden width (default 64)")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="torchft: the Manager's timeout, so its process group's, in seconds (default 10)")
+    p.add_argument("--heartbeat-ms", type=int, help="torchft: the lighthouse's heartbeat timeout (default torchft's)")
+    p.add_argument("--ci", action="store_true", help="the tiny form: 3 ranks, 2 settled kills, 3 s runs")
+    p.add_argument("--json", metavar="FILE", help="also write the results as json to FILE")
+    return p
+
+
+def options(args: argparse.Namespace) -> Options:
+    """The :class:`Options` of parsed flags (``--ci`` fills those not given)."""
+    preset: dict[str, Any] = {"ranks": 3, "duration": 3.0, "interval": 1.0, "kills": 2, "settle": True} if args.ci else {}
+    defaults = Options()
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name)
+        return value if value is not None else preset.get(name, getattr(defaults, name))
+
+    return Options(ranks=pick("ranks"), duration=pick("duration"), interval=pick("interval"), kills=pick("kills"),
+                   baseline=args.baseline, seed=args.seed, settle=bool(pick("settle")), timeout=args.timeout,
+                   heartbeat_ms=args.heartbeat_ms, model=Model(hidden=args.hidden, seed=args.seed))
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m asyncdist.bench.chaos") -> int:
+    """Run the chaos benchmark and print its table; 1 if a path's weights FAIL or a run failed."""
+    args = build_parser(prog).parse_args(argv)
+    opts = options(args)
+    if opts.ranks < 2:
+        print(f"{prog}: --ranks must be at least 2 (a kill leaves one member at least)", file=sys.stderr)
+        return 2
+    try:
+        results = run(args.paths, opts)
+    except RuntimeError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    command = " ".join([prog, *(argv if argv is not None else sys.argv[1:])])
+    print(f"{command}\n\n{opts.ranks} ranks, a kill every {opts.interval:g} s, {opts.duration:g} s per run; "
+          f"times from the SIGKILL; start-up from a replacement's start, admission from then\n")
+    print("\n".join(table(results, opts)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(to_json(results, opts), f, indent=2)
+    return 0 if all(r.passed is not False for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
