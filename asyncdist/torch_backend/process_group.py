@@ -124,28 +124,24 @@ class _TorchCalls:
     # -- starting an operation ------------------------------------------------
 
     def _start(self, what: str, operation: Operation, outputs: list[Tensor]) -> TorchWork:
-        """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once.
+        """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once
+        (posted: the caller does not wait for the loop, :meth:`TorchWork.post`).
 
         Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
         call and the peers it waits on (also in the tasks ``_together`` starts).
         """
         group = self._group
 
-        def start() -> TorchWork:
+        def start() -> Work:
             label = f"{what} on group {group.name!r}"
-            work = Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
-            return TorchWork(work, outputs)
+            return Work.start(lambda: operation(group), label, outputs, rank=group.global_rank(group.rank))
 
-        return profiled(what, outputs, self._portal.start, start, what=f"{what}()")
+        return profiled(what, outputs, TorchWork.post, self._portal, start, outputs)
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:
         """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
         group = self._group
-
-        def start() -> TorchWork:
-            return TorchWork(operation(group), outputs)
-
-        return profiled(what, outputs, self._portal.start, start, what=f"{what}()")
+        return profiled(what, outputs, TorchWork.post, self._portal, lambda: operation(group), outputs)
 
     # -- collectives ------------------------------------------------------------
 
