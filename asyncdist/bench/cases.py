@@ -209,15 +209,20 @@ register(Case("reduce_scatter", _reduce_scatter, _ring_factor, split=True, note=
 register(Case("all_to_all", _all_to_all, _ring_factor, split=True, note=_ALL_TO_ALL_NOTE))
 register(Case("barrier", _barrier, None, sized=False, note="time per barrier"))
 register(Case("sendrecv", _sendrecv, lambda n: 1.0, legs=2, note=_SENDRECV_NOTE))
-_STEP = {"bus_factor": None, "sized": False, "torch_api": True, "dtype": "float32", "one_per_rep": True}
-register(Case("ddp_compute", ddp.build_compute, **_STEP,
-              note="the DDP row's MLP step without DDP or communication (compute only); time per step"))
-register(Case("ddp_flat", ddp.build_flat, **_STEP,
-              note="the DDP row's MLP step, then its gradients flattened and all-reduced in one call (no overlap); "
-              "time per step"))
-register(Case("ddp", ddp.build_step, **_STEP,
-              note="DistributedDataParallel training step of an MLP, count = parameters; time per step; "
-              "asyncdist = its torch.distributed backend"))
-register(Case("fsdp", fsdp.build_step, **_STEP,
-              note="FSDP2 (fully_shard) training step of a small transformer LM, count = parameters; time per step; "
-              "asyncdist = its torch.distributed backend"))
+def _training_step(name: str, build: Callable[[Any, Point], Calls], note: str) -> Case:
+    """A training-step row: unsized (its count is the model's parameters), float32,
+    one step per repetition, through torch.distributed's API."""
+    return Case(name, build, None, sized=False, torch_api=True, dtype="float32", one_per_rep=True, note=note)
+
+
+register(_training_step("ddp_compute", ddp.build_compute,
+                        "the DDP row's MLP step without DDP or communication (compute only); time per step"))
+register(_training_step("ddp_flat", ddp.build_flat,
+                        "the DDP row's MLP step, then its gradients flattened and all-reduced in one call "
+                        "(no overlap); time per step"))
+register(_training_step("ddp", ddp.build_step,
+                        "DistributedDataParallel training step of an MLP, count = parameters; time per step; "
+                        "asyncdist = its torch.distributed backend"))
+register(_training_step("fsdp", fsdp.build_step,
+                        "FSDP2 (fully_shard) training step of a small transformer LM, count = parameters; "
+                        "time per step; asyncdist = its torch.distributed backend"))
