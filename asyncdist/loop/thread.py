@@ -367,13 +367,15 @@ class LoopThread:
         """On the loop: call every posted function, oldest first (see :meth:`post`)."""
         while self._posted:
             fn, context = self._posted.popleft()
-            started = fn() if context is None else context.run(fn)
-            for work in started if isinstance(started, list) else [started]:
-                if work is not None and not work.future.done():
-                    with self._lock:  # no notice: whoever runs the loop now tells the daemon when it lets go
-                        self._demand += 1
-                    work.future.add_done_callback(self._demand_met)
-            self._demand_met()
+            try:
+                started = fn() if context is None else context.run(fn)
+                for work in started if isinstance(started, list) else [started]:
+                    if work is not None and not work.future.done():
+                        with self._lock:  # no notice: whoever runs the loop now tells the daemon when it lets go
+                            self._demand += 1
+                        work.future.add_done_callback(self._demand_met)
+            finally:
+                self._demand_met()
 
     def wait_done(self, future_of: Callable[[], asyncio.Future | None]) -> bool:
         """Run the loop in this thread until the future that ``future_of()``
