@@ -19,7 +19,10 @@ New rows are added with :func:`register`; a case that is not sized
 (:mod:`asyncdist.bench.ddp`) is such a row, with a fixed count (the model's
 parameters) and ``torch_api=True``: it needs torch.distributed itself (a
 model wrapped in DistributedDataParallel), so asyncdist runs it through its
-torch backend rather than the await API or the facade.
+torch backend rather than the await API or the facade. ``--ops ddp`` also
+measures the same model's step without DDP (``ddp_compute``) and with one
+flattened all_reduce after backward (``ddp_flat``); ``fsdp`` is FSDP2's
+step (:mod:`asyncdist.bench.fsdp`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import ddp
+from . import ddp, fsdp
 from .plan import DTYPE_SIZES, Job
 
 __all__ = ["Case", "Point", "CASES", "register", "jobs", "job_dtype", "zeros"]
@@ -206,6 +209,20 @@ register(Case("reduce_scatter", _reduce_scatter, _ring_factor, split=True, note=
 register(Case("all_to_all", _all_to_all, _ring_factor, split=True, note=_ALL_TO_ALL_NOTE))
 register(Case("barrier", _barrier, None, sized=False, note="time per barrier"))
 register(Case("sendrecv", _sendrecv, lambda n: 1.0, legs=2, note=_SENDRECV_NOTE))
-register(Case("ddp", ddp.build_step, None, sized=False, torch_api=True, dtype="float32", one_per_rep=True,
-              note="DistributedDataParallel training step of an MLP, count = parameters; time per step; "
-              "asyncdist = its torch.distributed backend"))
+def _training_step(name: str, build: Callable[[Any, Point], Calls], note: str) -> Case:
+    """A training-step row: unsized (its count is the model's parameters), float32,
+    one step per repetition, through torch.distributed's API."""
+    return Case(name, build, None, sized=False, torch_api=True, dtype="float32", one_per_rep=True, note=note)
+
+
+register(_training_step("ddp_compute", ddp.build_compute,
+                        "the DDP row's MLP step without DDP or communication (compute only); time per step"))
+register(_training_step("ddp_flat", ddp.build_flat,
+                        "the DDP row's MLP step, then its gradients flattened and all-reduced in one call "
+                        "(no overlap); time per step"))
+register(_training_step("ddp", ddp.build_step,
+                        "DistributedDataParallel training step of an MLP, count = parameters; time per step; "
+                        "asyncdist = its torch.distributed backend"))
+register(_training_step("fsdp", fsdp.build_step,
+                        "FSDP2 (fully_shard) training step of a small transformer LM, count = parameters; "
+                        "time per step; asyncdist = its torch.distributed backend"))

@@ -38,9 +38,15 @@ The sweeps are the plain sweep's own functions (:func:`_plan`,
 training while ranks are SIGKILLed and replaced); every other flag given
 with it is the chaos benchmark's own (``asyncdist-bench --chaos --help``).
 
-``--ops ddp`` adds the DDP training-step row (:mod:`asyncdist.bench.ddp`),
-which is not in the default ``--ops``: it needs torch, and asyncdist runs it
+``--ops ddp`` adds the DDP training-step rows (:mod:`asyncdist.bench.ddp`:
+the compute-only step, the step with one flattened all_reduce, the DDP
+step) and ``--ops fsdp`` FSDP2's step (:mod:`asyncdist.bench.fsdp`); they
+are not in the default ``--ops``: they need torch, and asyncdist runs them
 through its torch backend, a series of its own.
+
+``--api torch`` runs every op through torch.distributed on
+``backend="asyncdist"`` beside the blocking facade, and prints the ratio of
+the two times per size (the torch backend's overhead).
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ from .. import settings
 from ..loop.thread import LOOP_ENV
 from . import document, floor, mpi, plot, report, scale
 from .cases import CASES, jobs
-from .ddp import mlp_params, mlp_width
+from . import fsdp
+from .ddp import STEP_OPS, mlp_params, mlp_width
 from .plan import DTYPE_SIZES, SERIES, Plan, Series, format_bytes, parse_bytes, size_sweep
 from .runner import Row, run_series, runs, series_plan
 
@@ -83,7 +90,7 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-#: The default ``--ops``: every row but those that need torch.distributed's API (ddp).
+#: The default ``--ops``: every row but those that need torch.distributed's API (ddp, fsdp).
 DEFAULT_OPS = [name for name, case in CASES.items() if not case.torch_api]
 _COUNT_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9}
 
@@ -121,11 +128,13 @@ def _ranks(text: str) -> list[int]:
 
 
 def _ops(text: str) -> list[str]:
+    """The ops named, ``ddp`` standing for its three rows (:data:`~asyncdist.bench.ddp.STEP_OPS`)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in CASES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown op(s) {unknown or text!r}; choose from {', '.join(CASES)}")
-    return names
+    expanded = [op for name in names for op in (STEP_OPS if name == "ddp" else (name,))]
+    return list(dict.fromkeys(expanded))
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -138,14 +147,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--world-size", type=int, default=2, help="ranks (processes on this host) per library (default 2)")
     p.add_argument("--ops", type=_ops, default=DEFAULT_OPS,
-                   help=f"comma-separated ops, from {','.join(CASES)} (default all but ddp)")
+                   help=f"comma-separated ops, from {','.join(CASES)} (default all but the training steps; "
+                   "ddp stands for ddp_compute,ddp_flat,ddp)")
     p.add_argument("-b", "--min-bytes", type=_size, help="smallest size, e.g. 8, 1K, 64M (default 8)")
     p.add_argument("-e", "--max-bytes", type=_size, help="largest size (default 64M; 64K with --quick)")
     p.add_argument("-f", "--step-factor", type=int, help="size multiplier between rows (default 4; 2 for a full sweep)")
     p.add_argument("--dtype", choices=list(DTYPE_SIZES), default="float32", help="element type (default float32)")
-    p.add_argument("--api", choices=["await", "facade", "both"], default="await",
+    p.add_argument("--api", choices=["await", "facade", "both", "torch"], default="await",
                    help="asyncdist face to time: the await API (default), the blocking facade, or both "
-                   "(adds the facade's per-call overhead)")
+                   "(adds the facade's per-call overhead), or torch: the facade and torch.distributed on "
+                   "backend='asyncdist' (adds the ratio torch backend / facade)")
     p.add_argument("--compare", type=_compare, default=[], metavar="gloo,mpi",
                    help="also run the sweep on torch.distributed's gloo backend and/or on MPI through mpi4py "
                    "(mpirun; left out with a note if mpi4py or mpirun is missing)")
@@ -196,9 +207,15 @@ def _loop_kind(choice: str) -> str:
     return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
 
 
+_API_SERIES = {"await": ["await"], "facade": ["facade"], "both": ["await", "facade"], "torch": ["facade", "backend"]}
+
+
 def _series(args: argparse.Namespace) -> list[Series]:
-    """The series asked for that measure at least one of the ops (the torch backend's for ddp)."""
-    names = (["await", "facade"] if args.api == "both" else [args.api]) + ["backend"]
+    """The series asked for that measure at least one of the ops (the torch
+    backend's for ``--api torch`` and for the training steps)."""
+    names = _API_SERIES[args.api]
+    if any(CASES[op].torch_api for op in args.ops) and "backend" not in names:
+        names = names + ["backend"]
     candidates = [SERIES[name] for name in names + args.compare]
     return [s for s in candidates if any(runs(s, op) for op in args.ops)]
 
@@ -225,8 +242,8 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
         args.compare.remove("mpi")
     if args.dtype == "bfloat16" and not torch:
         parser.error("--dtype bfloat16 needs torch (NumPy has no bfloat16)")
-    if "ddp" in args.ops and not torch:
-        parser.error("--ops ddp needs torch (pip install 'asyncdist[torch]')")
+    if not torch and (needs := [op for op in args.ops if CASES[op].torch_api] + (["--api torch"] if args.api == "torch" else [])):
+        parser.error(f"{', '.join(needs)} needs torch (pip install 'asyncdist[torch]')")
     ops = list(args.ops)
     if args.world_size < 2 and "sendrecv" in ops:
         ops.remove("sendrecv")
@@ -236,7 +253,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Pl
         dtype=args.dtype,
         array="torch" if torch else "numpy",
         jobs=jobs(ops, sizes, DTYPE_SIZES[args.dtype], args.world_size,
-                  fixed={"ddp": mlp_params(mlp_width(args.ddp_params))}),
+                  fixed={**dict.fromkeys(STEP_OPS, mlp_params(mlp_width(args.ddp_params))), "fsdp": fsdp.params()}),
         warmup=s["warmup"],
         reps=s["reps"],
         iters=args.iters,
@@ -291,7 +308,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if rows is None:
         return 1
     if text_out:
-        print("\n".join(report.tables(rows, series, the_floor) + report.summary(rows, series)))
+        print("\n".join(report.tables(rows, series, the_floor) + report.summary(rows, series) + report.ddp_lines(rows)))
         if args.stats:
             print("\n".join(report.stats_lines(rows)))
     if args.json:

@@ -108,7 +108,8 @@ class Series:
 
 
 #: The series a run can include, by the name the command line uses. "backend"
-#: runs only the rows that need torch.distributed's API (the DDP step).
+#: (torch.distributed over asyncdist) runs with ``--api torch`` and for the
+#: rows that need torch.distributed's API (the training steps).
 SERIES = {
     "await": Series("asyncdist", "await"),
     "facade": Series("asyncdist", "facade"),

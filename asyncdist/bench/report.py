@@ -7,7 +7,11 @@ busbw, and for small rows the time as a multiple of the socket floor,
 :mod:`asyncdist.bench.floor`), then come the derived columns: the facade's
 overhead over the await API (small sizes only, where it is not lost in data
 movement) and, for each reference library (gloo, MPI), the ratio
-``its time / asyncdist's time`` (> 1: asyncdist is faster).
+``its time / asyncdist's time`` (> 1: asyncdist is faster), and with
+``--api torch`` the torch backend's time over the facade's (its overhead).
+After the tables come the summaries, and for ``--ops ddp`` each backend's
+step broken down (:func:`ddp_lines`): compute only, no overlap, DDP, and the
+communication the DDP step exposes.
 
 The cell computations (a series' time, its multiple of the floor, a
 reference's ratio, the facade's overhead) are public: :mod:`.markdown`
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable
 
-from . import ddp
+from . import ddp, fsdp
 from .cases import CASES
 from .floor import Floor
 from .plan import OVERHEAD_MAX_BYTES, SERIES, Plan, Series, format_bytes
@@ -33,7 +37,7 @@ from .runner import Row
 __all__ = [
     "OVERHEAD_MAX_BYTES", "FACADE_TARGET_US", "FLOOR_MAX_BYTES", "environment", "header", "method", "tables",
     "summary", "facade_overheads", "ratios", "to_json", "Cells", "any_row", "grouped", "references", "number",
-    "time_of", "multiple_of", "ratio_of", "overhead_of",
+    "time_of", "multiple_of", "ratio_of", "overhead_of", "TORCH_TARGET", "backend_ratio_of", "ddp_lines",
 ]
 
 #: What the issue asks of the blocking facade: at most this much per call over the await API.
@@ -43,7 +47,10 @@ FACADE_TARGET_US = 20
 #: of the socket floor: below it, a call is a few wake-ups, not data movement.
 FLOOR_MAX_BYTES = 1024
 
-_AWAIT, _FACADE = SERIES["await"], SERIES["facade"]
+#: What the issue asks of the torch backend: at most this times the facade's time, at every size.
+TORCH_TARGET = 1.15
+
+_AWAIT, _FACADE, _BACKEND = SERIES["await"], SERIES["facade"], SERIES["backend"]
 
 Cells = dict[Series, Row]  # one size of one op: the row of each series
 
@@ -94,10 +101,14 @@ def method(plan: Plan, series: list[Series], sweep: str, floor: Floor | None = N
         "# time = median over repetitions of the slowest rank's time per call; GB/s = 1e9 bytes/s",
     ]
     lines += [f"# ddp: {ddp.describe(job.count)}; one step per repetition" for job in plan.jobs if job.op == "ddp"]
+    lines += [f"# fsdp: {fsdp.describe()}; one step per repetition" for job in plan.jobs if job.op == "fsdp"]
     if floor is not None:
         lines.append(f"# {floor.describe()}; xfloor = time / floor, for rows <= {format_bytes(FLOOR_MAX_BYTES)}")
     for ref in references(series):
         lines.append(f"# ratio = {ref.library} time / asyncdist time: > 1 means asyncdist is faster")
+    if _FACADE in series and _BACKEND in series:
+        lines.append(f"# ratio (torch/facade) = torch backend time / facade time: the backend's overhead, "
+                     f"target <= {TORCH_TARGET}")
     return lines
 
 
@@ -133,6 +144,8 @@ def _columns(series: list[Series], floor: Floor | None) -> list[_Column]:
     mine = [s for s in series if not s.reference]
     if _AWAIT in series and _FACADE in series:
         columns.append(_Column("facade", "overhead", "(us)", 8, lambda c: number(overhead_of(c), "+.1f")))
+    if _FACADE in series and _BACKEND in series:
+        columns.append(_Column("", "ratio", "(torch/facade)", 8, lambda c: number(backend_ratio_of(c))))
     for ref in references(series):
         for s in mine:
             unit = f"({ref.library}/{s.api})" if len(mine) > 1 else f"({ref.library}/asyncdist)"
@@ -170,6 +183,11 @@ def ratio_of(cells: Cells, mine: Series, ref: Series) -> float | None:
     """``ref``'s time / ``mine``'s, where both ran."""
     theirs, ours = time_of(cells, ref), time_of(cells, mine)
     return theirs / ours if theirs and ours else None
+
+
+def backend_ratio_of(cells: Cells) -> float | None:
+    """The torch backend's time / the facade's, where both ran (> 1: the backend is slower)."""
+    return ratio_of(cells, _FACADE, _BACKEND)
 
 
 def overhead_of(cells: Cells) -> float | None:
@@ -267,6 +285,7 @@ def summary(rows: list[Row], series: list[Series]) -> list[str]:
             if per_op:
                 lines.append(f"# {ref.library} / {s.title} time, geometric mean over sizes (> 1: asyncdist faster):")
                 lines.append("#   " + ", ".join(f"{op} {r:.2f}" for op, r in per_op.items()))
+    lines += _backend_lines(rows)
     overheads = facade_overheads(rows)
     if overheads:
         lines.append(
@@ -275,6 +294,38 @@ def summary(rows: list[Row], series: list[Series]) -> list[str]:
         )
         lines.append("#   " + ", ".join(f"{op} {us:+.1f} us" for op, us in overheads.items()))
     return lines if len(lines) > 1 else []
+
+
+def _backend_lines(rows: list[Row]) -> list[str]:
+    """Per op, the worst and the geometric mean over sizes of torch backend time / facade time."""
+    lines = []
+    for op, sizes in grouped(rows).items():
+        known = {size: r for size, cells in sizes.items() if (r := backend_ratio_of(cells))}
+        if known:
+            worst = max(known, key=known.__getitem__)
+            mean = math.exp(statistics.fmean(math.log(r) for r in known.values()))
+            lines.append(f"#   {op}: worst {known[worst]:.2f} at {format_bytes(worst)}, geometric mean {mean:.2f}")
+    if not lines:
+        return []
+    return [f"# torch backend / facade time per size (target <= {TORCH_TARGET}):"] + lines
+
+
+def ddp_lines(rows: list[Row]) -> list[str]:
+    """For each series that ran the DDP rows: the compute-only step, the
+    no-overlap step, the DDP step, and the communication the DDP step exposes
+    (DDP step - compute-only step), in ms."""
+    by_op = grouped(rows)
+    steps = {op: next(iter(by_op[op].values())) for op in ddp.STEP_OPS if op in by_op}
+    if len(steps) < len(ddp.STEP_OPS):
+        return []
+    lines = ["", "# the DDP step, per backend, ms (median steps; exposed = DDP step - compute only):"]
+    for s in steps["ddp"]:
+        compute, flat, step = (steps[op][s].time_us / 1e3 if s in steps[op] else None for op in ddp.STEP_OPS)
+        if compute is None or flat is None or step is None:
+            continue
+        lines.append(f"#   {s.label:>17}: compute only {compute:7.2f}, no overlap {flat:7.2f}, DDP {step:7.2f}, "
+                     f"exposed {step - compute:+7.2f} (DDP / compute {step / compute:.2f}x)")
+    return lines
 
 
 def _row_json(row: Row, cells: Cells) -> dict[str, Any]:
@@ -295,6 +346,8 @@ def _row_json(row: Row, cells: Cells) -> dict[str, Any]:
     if not row.series.reference:
         for ref in (s for s in cells if s.reference):
             out[f"{ref.library}_ratio"] = ratio_of(cells, row.series, ref)
+    if row.series == _BACKEND and (ratio := backend_ratio_of(cells)) is not None:
+        out["facade_ratio"] = ratio
     if row.overhead_us is not None:
         out["facade_overhead_us"] = row.overhead_us
     return out
@@ -320,6 +373,7 @@ def to_json(
         "series": [f"{s.library}:{s.api}" for s in series],
     }
     config.update({"ddp_model": ddp.describe(job.count) for job in plan.jobs if job.op == "ddp"})
+    config.update({"fsdp_model": fsdp.describe() for job in plan.jobs if job.op == "fsdp"})
     return {
         "command": command,
         "environment": env,

@@ -9,8 +9,8 @@ they ignore the asyncdist store.
 
 A series measures the jobs it can run (:func:`series_plan`): the await API
 and the facade every row but those that need torch.distributed's own API
-(the DDP step), asyncdist's torch backend only those, gloo all of them,
-MPI all but those (under ``mpirun``: :mod:`asyncdist.bench.mpi`).
+(the training steps), asyncdist's torch backend and gloo all of them, MPI
+all but those (under ``mpirun``: :mod:`asyncdist.bench.mpi`).
 
 The timings come back as ``spawn``'s results (a multiprocessing queue), and
 :func:`combine` reduces them: per repetition the slowest rank's time, then
@@ -69,11 +69,9 @@ class Row:
 
 def runs(series: Series, op: str) -> bool:
     """Whether ``series`` measures ``op`` (see the module doc)."""
-    if series.library == "gloo":
+    if series.library == "gloo" or series.api == "backend":
         return True
-    if series.library == "mpi":
-        return not CASES[op].torch_api
-    return CASES[op].torch_api == (series.api == "backend")
+    return not CASES[op].torch_api
 
 
 def series_plan(series: Series, plan: Plan) -> Plan:

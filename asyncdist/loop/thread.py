@@ -24,7 +24,13 @@ while no caller does:
   busy (at least every :data:`IDLE_LOOK_MAX` seconds): each look costs
   the callers (see :meth:`LoopThread._take_when_needed`);
 * a call that finds the loop taken (by the daemon, or by another thread)
-  hands its work over and waits, as every call did before.
+  hands its work over and waits, as every call did before; :meth:`LoopThread.post`
+  does not wait: it queues its function, which the loop's runner calls in
+  the order posted (the torch backend starts its operations so, while the
+  caller goes on computing);
+* a thread that waits for an operation (:meth:`LoopThread.wait_done`) runs
+  the loop itself while it waits, taking it back from the daemon if need be,
+  as a blocking call does.
 
 ``ASYNCDIST_CALLER_RUNS_LOOP=0`` turns the first rule off: the daemon then
 keeps the loop always and every call is handed over.
@@ -57,6 +63,8 @@ in the middle of a loop callback (:mod:`asyncdist.loop.exits`).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextvars
 import signal
 import threading
 import time
@@ -70,7 +78,7 @@ from .asyncio_internals import running_loop_or_none
 from ..transport.spinning import forbid_spinning_here, spin_seconds
 from .turns import Driver
 
-__all__ = ["LoopThread", "new_event_loop", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX"]
+__all__ = ["LoopThread", "new_event_loop", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX", "POST_GRACE"]
 
 #: "asyncio" or "uvloop": which event loop to use (default: uvloop where a
 #: loop runs in one thread for good, asyncio's for a LoopThread).
@@ -84,6 +92,11 @@ IDLE_GRACE = 0.005
 
 #: The longest the daemon waits between two looks at a loop that callers keep busy.
 IDLE_LOOK_MAX = 0.1
+
+#: Seconds the daemon leaves a loop alone after a caller posted work and let
+#: it go (:meth:`LoopThread.post`): time for that caller to come back and wait
+#: for its operation in its own thread, without a hand-over between threads.
+POST_GRACE = 0.0003
 
 
 def new_event_loop(default: str = "uvloop") -> asyncio.AbstractEventLoop:
@@ -142,6 +155,10 @@ class LoopThread:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._demand = 0  # started operations and handed-over calls not yet done
+        self._wanted = 0  # callers waiting for the daemon to give the loop back (wait_done)
+        self._grace_until = 0.0  # until then the daemon leaves the demand to the poster (POST_GRACE)
+        # post()'s queue, oldest first: each function and its caller's context (streams)
+        self._posted: collections.deque[tuple[Callable[[], Any], contextvars.Context | None]] = collections.deque()
         self._released_at = time.monotonic()
         self._stopping = False
         self._driver = Driver(self.loop, spin_seconds())  # runs the blocking calls of whichever caller owns the loop
@@ -180,6 +197,13 @@ class LoopThread:
         with self._lock:
             while not self._stopping:
                 idle = time.monotonic() - self._released_at
+                if self._wanted:  # a waiting caller takes it next (wait_done); its release wakes us
+                    self._changed.wait(IDLE_GRACE)
+                    continue
+                grace = self._grace_until - time.monotonic()
+                if grace > 0:  # the caller that posted may come back to wait (POST_GRACE)
+                    self._changed.wait(grace)
+                    continue
                 if self._demand or idle >= IDLE_GRACE or not self._caller_runs:
                     if self._running_here.acquire(blocking=False):
                         self._owner = me
@@ -262,19 +286,7 @@ class LoopThread:
             if self._stopping:
                 self._release()
                 return self._hand_over(coro)
-            try:
-                result = self._driver.run(coro, caller_context() if capture_streams else None)
-            except asyncio.CancelledError:
-                if not self._interrupted:
-                    raise
-            finally:
-                interrupted, self._interrupted = self._interrupted, 0
-                self._release()
-            if interrupted == signal.SIGINT:
-                raise KeyboardInterrupt
-            if interrupted:
-                loop_exits.terminate(interrupted)
-            return result
+            return self._drive(coro, caller_context() if capture_streams else None)
         if running is self.loop:
             coro.close()
             raise WrongThreadError(
@@ -282,6 +294,28 @@ class LoopThread:
                 "inside coroutines use the await API (asyncdist.init_world / ProcessGroup)"
             )
         return self._hand_over(coro)  # taken, or this thread runs a loop of its own
+
+    def _drive(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None = None) -> Any:
+        """Run ``coro`` on the loop, which this thread has taken, then let the loop go.
+
+        Functions posted before (:meth:`post`) run first, in order. Ctrl-C or
+        SIGTERM that cancelled the call (:meth:`interrupt`) is raised here.
+        """
+        try:
+            if self._posted:  # started before this call: they go first, in order
+                self._driver.run(_invoke(self._run_posted, ()))
+            result = self._driver.run(coro, context)
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
+        finally:
+            interrupted, self._interrupted = self._interrupted, 0
+            self._release()
+        if interrupted == signal.SIGINT:
+            raise KeyboardInterrupt
+        if interrupted:
+            loop_exits.terminate(interrupted)
+        return result
 
     def call(self, fn: Callable[..., Any], *args: Any, what: str = "this call") -> Any:
         """Run ``fn(*args)`` on the loop and return its result (any thread but the loop's)."""
@@ -304,6 +338,81 @@ class LoopThread:
             return started
 
         return self.run(_invoke(begin, ()), what, capture_streams=True)
+
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn()`` on the loop without waiting for it (any thread but the loop's).
+
+        In this thread at once if the loop is free, else in whichever thread
+        runs it, as soon as it turns; posted functions run in the order they
+        were posted, and before any later :meth:`run` of this thread. ``fn``
+        returns what :meth:`start`'s function does (Works, whose operations
+        keep the loop running until done) and must not raise: it reports
+        its own errors (the torch backend fails the operation's Work).
+        """
+        self._posted.append((fn, caller_context()))  # its context carries the caller's device streams
+        if running_loop_or_none() is None and self._caller_runs and self._running_here.acquire(False):
+            self._owner = threading.get_ident()
+            with self._lock:
+                self._demand += 1  # no notice: the release below gives it
+            if not self._stopping:
+                self._grace_until = time.monotonic() + POST_GRACE
+                self._drive(_invoke(self._run_posted, ()))
+                return
+            self._release()
+        else:
+            self._add_demand()  # the daemon keeps the loop until fn has run
+        self.loop.call_soon_threadsafe(self._run_posted)
+
+    def _run_posted(self) -> None:
+        """On the loop: call every posted function, oldest first (see :meth:`post`)."""
+        while self._posted:
+            fn, context = self._posted.popleft()
+            try:
+                started = fn() if context is None else context.run(fn)
+                for work in started if isinstance(started, list) else [started]:
+                    if work is not None and not work.future.done():
+                        with self._lock:  # no notice: whoever runs the loop now tells the daemon when it lets go
+                            self._demand += 1
+                        work.future.add_done_callback(self._demand_met)
+            finally:
+                self._demand_met()
+
+    def wait_done(self, future_of: Callable[[], asyncio.Future | None]) -> bool:
+        """Run the loop in this thread until the future that ``future_of()``
+        returns is done, as a blocking call does, taking the loop back from the
+        daemon if it has it. ``future_of`` is called on the loop, after the
+        posted functions ran (None: nothing to wait for). False, without
+        waiting, where this thread cannot run the loop (another caller runs
+        it, handing every call over is asked for, or this is a loop thread):
+        the caller then waits its own way.
+        """
+        if not self._caller_runs or running_loop_or_none() is not None or self._stopping:
+            return False
+        with self._lock:
+            if self._owner not in (None, self._thread.ident):
+                return False  # another caller runs it: it runs the operation too
+            self._wanted += 1
+            from_daemon = self._owner == self._thread.ident
+        try:
+            if from_daemon:
+                self.loop.call_soon_threadsafe(self._give_back)
+            self._running_here.acquire()
+            self._owner = threading.get_ident()
+        finally:
+            with self._lock:
+                self._wanted -= 1
+                if from_daemon:
+                    self._changed.notify_all()  # the daemon waits for no caller now
+        if self._stopping:
+            self._release()
+        else:
+            self._drive(_until_done(future_of))
+        return True
+
+    def _give_back(self) -> None:
+        """On the loop: the daemon stops running it, for a caller waiting in :meth:`wait_done`."""
+        if self._wanted and self._owner == self._thread.ident:
+            self.loop.stop()
 
     def stop(self) -> None:
         """Cancel what is left on the loop (blocking calls of other threads
@@ -346,3 +455,10 @@ class LoopThread:
 
 async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     return fn(*args)
+
+
+async def _until_done(future_of: Callable[[], asyncio.Future | None]) -> None:
+    """Return once ``future_of()`` is done, whatever its outcome (it is not consumed here)."""
+    future = future_of()
+    if future is not None and not future.done():
+        await asyncio.wait([future])

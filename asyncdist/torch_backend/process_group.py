@@ -132,7 +132,8 @@ class _TorchCalls:
 
     def _start(self, what: str, operation: Operation, outputs: list[Tensor],
                inputs: Sequence[Tensor] | None = None) -> TorchWork:
-        """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once.
+        """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once
+        (posted: the caller does not wait for the loop, :meth:`TorchWork.post`).
 
         Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
         call and the peers it waits on (also in the tasks ``_together`` starts).

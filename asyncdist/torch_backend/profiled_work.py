@@ -48,37 +48,40 @@ EVENT_NAMES = {
 
 def started(portal: LoopThread, what: str, start: Callable[[], Work], outputs: list[Tensor],
             inputs: Sequence[Tensor]) -> TorchWork:
-    """Run ``start`` on the loop thread and wrap the Work it returns; while a torch
-    profiler runs, the operation is the asynchronous event ``asyncdist:<name>``,
-    ``name`` being gloo's for the operation ``what`` (:data:`EVENT_NAMES`), with
-    the shapes of ``inputs``.
+    """Post ``start`` to the loop thread (:meth:`TorchWork.post`) and return the
+    operation's Work; while a torch profiler runs, the operation is the
+    asynchronous event ``asyncdist:<name>``, ``name`` being gloo's for the
+    operation ``what`` (:data:`EVENT_NAMES`), with the shapes of ``inputs``.
 
-    Any thread but the loop's; errors name the call ``what()``.
+    Any thread but the loop's.
     """
     event = open_event(EVENT_NAMES.get(what, what), inputs)  # None unless profiling: one C call
     if event is None:
-        return portal.start(lambda: TorchWork(start(), outputs), what=f"{what}()")
-    try:
-        return portal.start(lambda: ProfiledWork(start(), outputs, event), what=f"{what}()")
-    except BaseException:
-        event.end_elsewhere()  # it did not start: the event ends here
-        raise
+        return TorchWork.post(portal, start, outputs)
+    return ProfiledWork(outputs, portal, event).post_start(start)
 
 
 class ProfiledWork(TorchWork):
     """A :class:`~.work.TorchWork` whose profiler event closes when the operation completes.
 
     Args:
-        work: the running operation.
         outputs: as for TorchWork.
+        portal: the loop thread the operation is posted to (:meth:`TorchWork.post_start`).
         event: the operation's open event; this Work closes it.
     """
 
-    def __init__(self, work: Work, outputs: list, event: AsyncEvent) -> None:
-        super().__init__(work, outputs)
+    def __init__(self, outputs: list, portal: LoopThread, event: AsyncEvent) -> None:
+        super().__init__(None, outputs, portal)
         self._event = event
-        # Loop thread: the future cannot complete before this callback is in place.
-        work.future.add_done_callback(lambda _: event.end_elsewhere())
+
+    def _bind(self, work: Work) -> None:
+        # The thread that runs the loop: the future cannot complete before this callback is in place.
+        work.future.add_done_callback(lambda _: self._event.end_elsewhere())
+        super()._bind(work)
+
+    def _fail_start(self, error: BaseException) -> None:
+        self._event.end_elsewhere()  # it did not start: its event ends at once
+        super()._fail_start(error)
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """As :meth:`TorchWork.wait`, and the operation's event is closed when it returns

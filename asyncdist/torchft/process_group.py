@@ -268,7 +268,7 @@ async def _fail_outstanding(group: ProcessGroup, works: list[TorchftWork]) -> As
         group.engine.faults.expel(group.global_rank(peer), reason, error)
         named = named or error
     await group.revoke()
-    futures = [work.future for work in works if not work.future.done()]
+    futures = [f for f in (work.future for work in works) if f is not None and not f.done()]
     if futures:
         await asyncio.wait(futures, timeout=_ABORT_SETTLE_SECONDS)
     if named is not None:

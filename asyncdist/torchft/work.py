@@ -95,7 +95,7 @@ class TorchftWork(tdist.Work):
 
     @property
     def future(self) -> Any:
-        """The operation's asyncio future (loop thread only)."""
+        """The operation's asyncio future (loop thread only; None until it starts)."""
         return self._work.future
 
     def result(self) -> list:

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from asyncdist.bench import floor, mpi, report
+from asyncdist.bench import floor, fsdp, mpi, report
 from asyncdist.bench.cases import CASES, jobs
 from asyncdist.bench.cli import _series, build_parser, main
-from asyncdist.bench.ddp import LAYERS, mlp_params, mlp_width
+from asyncdist.bench.ddp import LAYERS, STEP_OPS, mlp_params, mlp_width
 from asyncdist.bench.loops import Sample
 from asyncdist.bench.plan import SERIES, Job, Plan, parse_bytes, size_sweep
 from asyncdist.bench.progress import Progress
@@ -99,11 +99,32 @@ def test_max_over_ranks_then_median_over_repetitions() -> None:
 
 def test_ddp_is_not_in_the_default_ops_and_runs_on_the_torch_backend_and_gloo_only() -> None:
     assert build_parser().parse_args([]).ops == OPS
-    assert [s.api for s in SERIES.values() if runs(s, "ddp")] == ["backend", "torch"]
-    assert [s.api for s in SERIES.values() if runs(s, "all_reduce")] == ["await", "facade", "torch", "mpi4py"]
+    for op in ("ddp", "ddp_compute", "ddp_flat", "fsdp"):
+        assert [s.api for s in SERIES.values() if runs(s, op)] == ["backend", "torch"]
+    assert [s.api for s in SERIES.values() if runs(s, "all_reduce")] == ["await", "facade", "backend", "torch", "mpi4py"]
     chosen = _series(build_parser().parse_args(["--ops", "all_reduce,ddp", "--api", "both", "--compare", "gloo"]))
     assert [s.api for s in chosen] == ["await", "facade", "backend", "torch"]
     assert [s.api for s in _series(build_parser().parse_args(["--ops", "ddp"]))] == ["backend"]
+    assert [s.api for s in _series(build_parser().parse_args(["--ops", "fsdp"]))] == ["backend"]
+    assert [s.api for s in _series(build_parser().parse_args(["--ops", "all_reduce"]))] == ["await"]
+
+
+def test_ddp_stands_for_its_three_rows_and_api_torch_for_the_facade_and_the_backend() -> None:
+    assert STEP_OPS == ("ddp_compute", "ddp_flat", "ddp")
+    assert build_parser().parse_args(["--ops", "barrier,ddp,ddp_flat"]).ops == ["barrier", *STEP_OPS]
+    chosen = _series(build_parser().parse_args(["--ops", "all_reduce", "--api", "torch"]))
+    assert [(s.library, s.api) for s in chosen] == [("asyncdist", "facade"), ("asyncdist", "backend")]
+
+
+def test_the_fsdp_models_parameter_count_is_its_formula() -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    d, ff = fsdp.WIDTH, 4 * fsdp.WIDTH
+    layer = nn.TransformerEncoderLayer(d, fsdp.HEADS, ff, dropout=0.0, batch_first=True)
+    model = [nn.Embedding(fsdp.VOCAB, d), nn.Linear(d, fsdp.VOCAB)] + [layer] * fsdp.LAYERS
+    assert fsdp.params() == sum(p.numel() for m in model for p in m.parameters())
+    assert torch.is_tensor(next(layer.parameters()))
 
 
 @pytest.mark.parametrize("params", [1, 4000, 10**7])
@@ -251,22 +272,60 @@ def test_tiny_ddp_row_against_gloo(capsys: pytest.CaptureFixture[str], tmp_path)
     path = tmp_path / "ddp.json"
     out, err = run(capsys, "--world-size", "2", "--ops", "ddp", "--compare", "gloo", "--ddp-params", "4K",
                    "--warmup", "1", "--reps", "3", "--json", str(path))
-    assert table_titles(out) == ["ddp"]
+    assert table_titles(out) == list(STEP_OPS)
     assert "# ddp: MLP of 3,968 parameters (4 x Linear(31, 31)" in out
     assert "asyncdist backend" in out and "(gloo/asyncdist)" in out and "gloo / asyncdist (torch.distributed backend)" in out
-    assert "running asyncdist (torch.distributed backend): 1 jobs" in err and "await API" not in err
+    assert "running asyncdist (torch.distributed backend): 3 jobs" in err and "await API" not in err
     report = json.loads(path.read_text())
     assert report["config"]["series"] == ["asyncdist:backend", "gloo:torch"]
     assert report["config"]["ddp_model"].startswith("MLP of 3,968 parameters")
-    rows = {(row["library"], row["api"]): row for row in report["rows"]}
-    assert set(rows) == {("asyncdist", "backend"), ("gloo", "torch")}
+    rows = {(row["library"], row["api"], row["op"]): row for row in report["rows"]}
+    assert set(rows) == {(*series, op) for series in [("asyncdist", "backend"), ("gloo", "torch")] for op in STEP_OPS}
     for row in rows.values():
         assert ROW_FIELDS <= row.keys()
-        assert (row["op"], row["count"], row["bytes"], row["dtype"]) == ("ddp", 3968, 4 * 3968, "float32")
+        assert (row["count"], row["bytes"], row["dtype"]) == (3968, 4 * 3968, "float32")
         assert row["iters"] == 1 and len(row["reps_us"]) == 3 and row["busbw_gbps"] is None
-        assert row["time_us"] == sorted(row["reps_us"])[1]  # the median step
-    ratio = rows[("asyncdist", "backend")]["gloo_ratio"]
-    assert ratio == pytest.approx(rows[("gloo", "torch")]["time_us"] / rows[("asyncdist", "backend")]["time_us"])
+        assert row["time_us"] == sorted(row["reps_us"])[1] > 0  # the median step
+    ratio = rows[("asyncdist", "backend", "ddp")]["gloo_ratio"]
+    assert ratio == pytest.approx(rows[("gloo", "torch", "ddp")]["time_us"] / rows[("asyncdist", "backend", "ddp")]["time_us"])
+    # The breakdown: each backend's three steps, in ms, and the DDP step minus the compute-only step.
+    breakdown = {line.split(":")[0].strip("# "): line for line in out.splitlines() if "compute only " in line and "exposed " in line}
+    assert set(breakdown) == {"asyncdist backend", "gloo"}
+    for label, (library, api) in {"asyncdist backend": ("asyncdist", "backend"), "gloo": ("gloo", "torch")}.items():
+        compute, flat, step = (rows[(library, api, op)]["time_us"] / 1e3 for op in STEP_OPS)
+        assert f"compute only {compute:7.2f}, no overlap {flat:7.2f}, DDP {step:7.2f}" in breakdown[label]
+        assert f"exposed {step - compute:+7.2f}" in breakdown[label]
+
+
+def test_tiny_torch_api_series_against_the_facade(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    pytest.importorskip("torch")
+    path = tmp_path / "torch.json"
+    out, err = run(capsys, *TINY, "--ops", "all_reduce,all_gather,barrier", "--api", "torch", "--json", str(path))
+    assert table_titles(out) == ["all_reduce", "all_gather", "barrier"]
+    assert "(torch/facade)" in out and "torch backend / facade time per size (target <= 1.15):" in out
+    report = json.loads(path.read_text())
+    assert report["config"]["series"] == ["asyncdist:facade", "asyncdist:backend"]
+    rows = {(row["api"], row["op"], row["bytes"]): row for row in report["rows"]}
+    assert {key[1:] for key in rows} == {("all_reduce", 8), ("all_reduce", 64), ("all_gather", 8), ("all_gather", 64),
+                                         ("barrier", 0)}
+    for (api, op, nbytes), row in rows.items():
+        assert row["time_us"] > 0
+        if api == "backend":
+            facade = rows[("facade", op, nbytes)]
+            assert row["facade_ratio"] == pytest.approx(row["time_us"] / facade["time_us"])
+
+
+def test_tiny_fsdp_row_against_gloo(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    pytest.importorskip("torch")
+    path = tmp_path / "fsdp.json"
+    out, _ = run(capsys, "--world-size", "2", "--ops", "fsdp", "--compare", "gloo", "--warmup", "1", "--reps", "2",
+                 "--json", str(path))
+    assert table_titles(out) == ["fsdp"] and f"# fsdp: {fsdp.describe()}" in out
+    rows = json.loads(path.read_text())["rows"]
+    assert {(row["library"], row["api"]) for row in rows} == {("asyncdist", "backend"), ("gloo", "torch")}
+    for row in rows:
+        assert (row["op"], row["count"], row["bytes"]) == ("fsdp", fsdp.params(), 4 * fsdp.params())
+        assert row["iters"] == 1 and len(row["reps_us"]) == 2 and row["time_us"] > 0
 
 
 def test_scale_counts_messages_and_bytes_per_rank(capsys: pytest.CaptureFixture[str]) -> None:

@@ -87,6 +87,34 @@ def test_a_started_operation_finishes_while_the_caller_does_not_call(portal: Loo
     assert ran_in == [portal._thread.ident]
 
 
+def test_posted_starts_run_in_call_order_and_a_waiter_runs_the_loop_itself(portal: LoopThread) -> None:
+    # A pending operation keeps the daemon running the loop (its demand), so
+    # the posts after it are queued to the daemon, or run here when the loop
+    # is free: either way in the order posted.
+    release = portal.call(portal.loop.create_future)
+    order: list[int] = []
+
+    async def operation() -> int:
+        await release
+        return len(order)
+
+    pending: list[Work] = []
+    portal.post(lambda: pending.append(Work.start(operation, "held", rank=0)) or pending[0])
+    for index in range(50):
+        portal.post(lambda index=index: order.append(index))
+    portal.loop.call_soon_threadsafe(release.set_result, None)
+    waited_in: list[int] = []
+
+    def future_of() -> Any:
+        waited_in.append(threading.get_ident())
+        return pending[0].future
+
+    assert portal.wait_done(future_of) is True
+    assert waited_in == [threading.get_ident()]  # the loop ran here, taken back from the daemon if it had it
+    assert pending[0].is_completed() and order == list(range(50))
+    assert pending[0].value() == 50  # every post ran before the operation resumed, as they were queued first
+
+
 def test_a_free_loop_is_taken_by_the_daemon_after_the_grace_period() -> None:
     # A task nobody started as an operation: no demand, so only the
     # daemon's idle rule runs it once the caller has let go of the loop.
