@@ -101,7 +101,9 @@ class FaultTolerance(Generic[G]):
 
         Args:
             exclude: group ranks to count as failed though they may live: they
-                are expelled first (torch's ``shrink_group(ranks_to_exclude)``).
+                are expelled first (torch's ``shrink_group(ranks_to_exclude)``),
+                so every member's calls that need them must be complete before
+                the first member starts the shrink.
 
         Raises:
             InvalidRankError: a rank of ``exclude`` is not a group rank, or this

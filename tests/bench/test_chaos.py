@@ -52,12 +52,18 @@ def test_asyncdist_shrinks_and_grows_through_two_kills():
     assert "PASS" in "\n".join(chaos.table([result], chaos.Options()))
 
 
+# Each waits out torchft's lighthouse heartbeat per kill (about 30 s of the suite's time):
+# the long runs (-m soak); tests/torchft/test_manager.py runs the Manager over asyncdist in the suite.
+@pytest.mark.soak
 @pytest.mark.timeout(300)
 def test_torchft_manager_over_its_gloo_group_through_two_kills():
     pytest.importorskip("torchft")
     _chaos("torchft-gloo", ranks=2)
 
 
+# Each waits out torchft's lighthouse heartbeat per kill (about 30 s of the suite's time):
+# the long runs (-m soak); tests/torchft/test_manager.py runs the Manager over asyncdist in the suite.
+@pytest.mark.soak
 @pytest.mark.timeout(300)
 def test_torchft_manager_over_asyncdist_through_two_kills():
     pytest.importorskip("torchft")

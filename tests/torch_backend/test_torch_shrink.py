@@ -28,6 +28,12 @@ def shrink_through_torch(path: Path) -> dict:
             return {"excluded": str(exc)}
         return {}
     dist.all_reduce(t)
+    # A live rank is expelled as soon as the first survivor starts the shrink:
+    # every survivor's calls that need it must be complete by then (rank 1's
+    # all_reduce waits for rank 3's part), so the survivors meet first.
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"reduced/{rank}", "1")
+    store.wait([f"reduced/{r}" for r in range(3)])
     new = dist.shrink_group([3])
     t = torch.full((2,), float(rank + 1))
     dist.all_reduce(t)
