@@ -205,14 +205,14 @@ class _Elastic:
 
 def _gloo_group(timeout: timedelta) -> Any:
     """torchft's own reconfigurable gloo group (path c)."""
-    from torchft.process_group import ProcessGroupGloo  # type: ignore[import-untyped, unused-ignore]
+    from torchft.process_group import ProcessGroupGloo
 
     return ProcessGroupGloo(timeout=timeout)
 
 
 def _asyncdist_group(timeout: timedelta) -> Any:
     """asyncdist as torchft's process group (path b)."""
-    from asyncdist.torchft import ProcessGroupAsyncdist  # type: ignore[import-not-found, unused-ignore]
+    from asyncdist.torchft import ProcessGroupAsyncdist
 
     return ProcessGroupAsyncdist(timeout=timeout)
 
@@ -229,7 +229,7 @@ def train_torchft(model: Model, out: str, replacement: bool, orders: Orders, mak
     """Train one replica group of one process under torchft's ``Manager`` until told to stop."""
     import torch
     from torch.distributed import ReduceOp, TCPStore
-    from torchft import Manager  # type: ignore[import-untyped, unused-ignore]
+    from torchft import Manager
 
     torch.set_num_threads(1)
     store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)  # this replica group's own

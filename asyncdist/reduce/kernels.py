@@ -46,6 +46,8 @@ Invariants:
 
 from __future__ import annotations
 
+import importlib
+
 from typing import Any, Callable
 
 import numpy as np
@@ -227,9 +229,9 @@ def finish(op: Any, acc: HostBuffer, world_size: int) -> None:
 def _numpy_error_state() -> tuple[Any, Any] | None:
     """NumPy 2's floating-point error handling, a context variable, and its
     value under ``np.errstate(all="ignore")``; None before NumPy 2."""
-    try:
-        from numpy._core._ufunc_config import _extobj_contextvar  # type: ignore[attr-defined]  # private, not in NumPy's stubs
-    except ImportError:
+    try:  # private, and not in NumPy's stubs
+        _extobj_contextvar = importlib.import_module("numpy._core._ufunc_config")._extobj_contextvar
+    except (ImportError, AttributeError):
         return None
     with np.errstate(all="ignore"):
         return _extobj_contextvar, _extobj_contextvar.get()
