@@ -160,6 +160,9 @@ class LoopThread:
         # post()'s queue, oldest first: each function and its caller's context (streams)
         self._posted: collections.deque[tuple[Callable[[], Any], contextvars.Context | None]] = collections.deque()
         self._released_at = time.monotonic()
+        # Operations started (start, post) whose Tasks have not taken a step yet
+        # may be queued: the next call run here lets them step first (_drive).
+        self._started = False
         self._stopping = False
         self._driver = Driver(self.loop, spin_seconds())  # runs the blocking calls of whichever caller owns the loop
         self._interrupted = 0  # the signal (SIGINT, SIGTERM) that cancelled the main thread's call now running
@@ -304,7 +307,10 @@ class LoopThread:
         try:
             if self._posted:  # started before this call: they go first, in order
                 self._driver.run(_invoke(self._run_posted, ()))
-            result = self._driver.run(coro, context)
+            # A collective takes its call number at its first step: the ones started
+            # before this call step first, on every rank, whoever ran the loop meanwhile.
+            started, self._started = self._started, False
+            result = self._driver.run(coro, context, queued_first=started)
         except asyncio.CancelledError:
             if not self._interrupted:
                 raise
@@ -331,6 +337,7 @@ class LoopThread:
 
         def begin() -> Any:
             started = fn(*args)
+            self._started = True
             for work in started if isinstance(started, list) else [started]:
                 if not work.future.done():
                     self._add_demand()
@@ -369,6 +376,7 @@ class LoopThread:
             fn, context = self._posted.popleft()
             try:
                 started = fn() if context is None else context.run(fn)
+                self._started = True
                 for work in started if isinstance(started, list) else [started]:
                     if work is not None and not work.future.done():
                         with self._lock:  # no notice: whoever runs the loop now tells the daemon when it lets go

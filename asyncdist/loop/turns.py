@@ -101,10 +101,16 @@ class Driver:
         self._cancel_requested = True
         self._loop.call_soon_threadsafe(_nothing)  # the turn under way returns, and sees it
 
-    def run(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None = None) -> Any:
+    def run(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None = None,
+            queued_first: bool = False) -> Any:
         """Run ``coro`` to completion in ``context`` (a copy the caller made;
         default: a copy of the calling thread's) and return its result, or
-        raise its exception."""
+        raise its exception.
+
+        ``queued_first``: turn the loop once before the first step, so that
+        the Tasks created before (whose first steps are queued) step first,
+        as they would before a new Task's.
+        """
         loop = self._loop
         if not self._steps or loop.get_debug():  # debug: the loop's iteration times callbacks
             return self._run_as_task(coro, context)
@@ -116,6 +122,8 @@ class Driver:
             # leave the loop, or this thread stays marked as the loop's own.
             enter(loop)  # running in this thread, as run_forever marks it
             self.running = True
+            if queued_first:
+                turn(loop, True)
             while True:  # one step of the coroutine each, as a Task's (inline: a call costs here)
                 try:
                     awaited = run(coro.send, None) if error is None else run(coro.throw, error)

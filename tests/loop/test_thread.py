@@ -115,6 +115,27 @@ def test_posted_starts_run_in_call_order_and_a_waiter_runs_the_loop_itself(porta
     assert pending[0].value() == 50  # every post ran before the operation resumed, as they were queued first
 
 
+def test_a_blocking_call_steps_after_the_operations_started_before_it(
+    portal: LoopThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A collective takes its call number at its first step, so an operation
+    # started with async_op=True must step before a blocking call made after
+    # it, whether or not the daemon turned the loop in between (here it never
+    # does: the grace period is endless), or two ranks could number them apart.
+    monkeypatch.setattr(loop_thread, "POST_GRACE", 3600.0)
+    order: list[str] = []
+
+    async def first_step(name: str) -> str:
+        order.append(name)
+        return name
+
+    started: list[Work] = []
+    portal.post(lambda: started.append(Work.start(lambda: first_step("started"), "started", rank=0)) or started[0])
+    assert portal.run(first_step("blocking")) == "blocking"
+    assert order == ["started", "blocking"]
+    assert started[0].wait(timeout=30) and started[0].value() == "started"
+
+
 def test_a_free_loop_is_taken_by_the_daemon_after_the_grace_period() -> None:
     # A task nobody started as an operation: no demand, so only the
     # daemon's idle rule runs it once the caller has let go of the loop.
