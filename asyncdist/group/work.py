@@ -83,7 +83,10 @@ class Work:
         self._outputs = outputs if outputs is not None else []
         self._event: threading.Event | None = None
         self._progress = progress
-        future.add_done_callback(self._on_done)
+        if future.done():  # (an operation that finished at once: no callback left queued on the loop)
+            self._on_done(future)
+        else:
+            future.add_done_callback(self._on_done)
 
     @classmethod
     def start(

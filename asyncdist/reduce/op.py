@@ -67,6 +67,7 @@ __all__ = [
     "ReduceOp",
     "make_premul_sum",
     "op_type",
+    "own_op",
     "op_name",
     "check_op",
 ]
@@ -208,6 +209,18 @@ def op_type(op: Any) -> RedOpType:
     return op if type(op) is RedOpType else _resolve(op)[0]
 
 
+def own_op(op: Any) -> RedOpType | ReduceOp:
+    """``op`` in asyncdist's own terms: its :class:`RedOpType`, or a
+    :class:`ReduceOp` for PREMUL_SUM. For torch.distributed's ops, which every
+    step of a call would otherwise resolve again (the torch backend's).
+
+    Raises:
+        InvalidArgumentError: as :func:`op_type`.
+    """
+    kind, factor = _resolve(op)
+    return kind if factor is None else _new_reduce_op(kind, factor)
+
+
 def op_name(op: Any) -> str:
     """A short name that ranks compare to detect mismatched ops.
 
@@ -222,6 +235,7 @@ def op_name(op: Any) -> str:
 
 
 _LOWER_NAMES = {kind: kind.name.lower() for kind in RedOpType}  # enum's .name is slow per call
+_BY_NAME = {kind.name: kind for kind in RedOpType}  # so is its __members__
 
 
 def _resolve(op: Any) -> tuple[RedOpType, Factor | None]:
@@ -235,7 +249,7 @@ def _resolve(op: Any) -> tuple[RedOpType, Factor | None]:
         return op.op, op._factor
     if type(op).__module__.startswith("torch"):
         # torch.distributed's RedOpType member, or its ReduceOp instance (.op).
-        kind = RedOpType.__members__.get(getattr(getattr(op, "op", op), "name", ""))
+        kind = _BY_NAME.get(getattr(getattr(op, "op", op), "name", ""))
         if kind is RedOpType.PREMUL_SUM and hasattr(op, "op"):
             return kind, make_premul_sum(op.factor)._factor
         if kind is not None:

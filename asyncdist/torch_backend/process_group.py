@@ -50,6 +50,7 @@ from ..errors import InvalidArgumentError
 from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
+from ..reduce.op import RedOpType, own_op
 from .profiled_work import started
 from .sparse import all_reduce_sparse
 from .work import TorchWork
@@ -131,14 +132,17 @@ class _TorchCalls:
     # -- starting an operation ------------------------------------------------
 
     def _start(self, what: str, operation: Operation, outputs: list[Tensor],
-               inputs: Sequence[Tensor] | None = None) -> TorchWork:
+               inputs: Sequence[Tensor] | None = None, opts: Any = None) -> TorchWork:
         """Start the coroutine ``operation(group)`` on the loop thread; return its Work at once
         (posted: the caller does not wait for the loop, :meth:`TorchWork.post`).
 
         Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
         call and the peers it waits on (also in the tasks ``_together`` starts).
         ``inputs`` (default ``outputs``) are the tensors whose shapes the
-        profiler event records, gloo's choice for each operation.
+        profiler event records, gloo's choice for each operation. A call whose
+        ``opts.asyncOp`` is False (torch's Python API without ``async_op``,
+        which waits on the Work at once) runs to completion here instead, as
+        the facade's blocking calls do (:meth:`TorchWork.ran`).
         """
         group = self._group
 
@@ -146,7 +150,8 @@ class _TorchCalls:
             return Work.start(lambda: operation(group), f"{what} on group {group.name!r}", outputs,
                               rank=group.global_rank(group.rank))
 
-        return started(self._portal, what, start, outputs, outputs if inputs is None else inputs)
+        run_now = (lambda: operation(group)) if opts is not None and not opts.asyncOp else None
+        return started(self._portal, what, start, outputs, outputs if inputs is None else inputs, run_now)
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:
         """Start ``operation(group)``, an ``isend`` or ``irecv`` that makes its own Work."""
@@ -158,25 +163,27 @@ class _TorchCalls:
     def allreduce(self, tensors: list[Tensor], opts: AllreduceOptions | None = None) -> TorchWork:
         tensor, op = _one(tensors, "allreduce"), _op(opts)
         if tensor.layout == torch.sparse_coo:  # summed as gloo sums them (.sparse)
-            return self._start("all_reduce", lambda g: all_reduce_sparse(g, tensor, op), [tensor])
-        return self._start("all_reduce", lambda g: g.all_reduce(tensor, op), [tensor])
+            return self._start("all_reduce", lambda g: all_reduce_sparse(g, tensor, op), [tensor], opts=opts)
+        return self._start("all_reduce", lambda g: g.all_reduce(tensor, op), [tensor], opts=opts)
 
     def allreduce_coalesced(self, tensors: list[Tensor], opts: AllreduceCoalescedOptions | None = None) -> TorchWork:
         op = _op(opts)
-        return self._start("all_reduce_coalesced", lambda g: g.all_reduce_coalesced(tensors, op), list(tensors))
+        return self._start("all_reduce_coalesced", lambda g: g.all_reduce_coalesced(tensors, op), list(tensors),
+                           opts=opts)
 
     def broadcast(self, tensors: list[Tensor], opts: BroadcastOptions | None = None) -> TorchWork:
         tensor, root = _one(tensors, "broadcast"), _root(opts)
-        return self._start("broadcast", lambda g: g.broadcast(tensor, root), [tensor])
+        return self._start("broadcast", lambda g: g.broadcast(tensor, root), [tensor], opts=opts)
 
     def reduce(self, tensors: list[Tensor], opts: ReduceOptions | None = None) -> TorchWork:
         tensor, root, op = _one(tensors, "reduce"), _root(opts), _op(opts)
-        return self._start("reduce", lambda g: g.reduce(tensor, root, op), [tensor])
+        return self._start("reduce", lambda g: g.reduce(tensor, root, op), [tensor], opts=opts)
 
     def allgather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                   opts: AllgatherOptions | None = None) -> TorchWork:
         outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
-        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs), [tensor])
+        return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs), [tensor],
+                           opts=opts)
 
     def allgather_coalesced(self, output_lists: list[list[Tensor]], input_list: list[Tensor],
                             opts: AllgatherOptions | None = None) -> TorchWork:
@@ -186,42 +193,45 @@ class _TorchCalls:
                               for i, tensor in enumerate(input_list)])
 
         return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank],
-                           input_list)
+                           input_list, opts=opts)
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: AllgatherOptions | None = None) -> TorchWork:
         return self._start("all_gather_into_tensor", lambda g: g.all_gather_into_tensor(output, input), [output],
-                           [input])
+                           [input], opts=opts)
 
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                     opts: AllgatherOptions | None = None) -> TorchWork:
         return self._start(
             "all_gather_into_tensor_coalesced",
             lambda g: _together([g.all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]),
-            list(outputs), inputs,
+            list(outputs), inputs, opts=opts,
         )
 
     def gather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                opts: GatherOptions | None = None) -> TorchWork:
         tensor, root = _one(input_tensors, "gather"), _root(opts)
         gather_list = output_tensors[0] if output_tensors else None  # only the root has a list
-        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []), [tensor])
+        return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []), [tensor],
+                           opts=opts)
 
     def scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                 opts: ScatterOptions | None = None) -> TorchWork:
         tensor, root = _one(output_tensors, "scatter"), _root(opts)
         scatter_list = input_tensors[0] if input_tensors else None  # only the root has a list
-        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor], scatter_list or [])
+        return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor], scatter_list or [],
+                           opts=opts)
 
     def reduce_scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                        opts: ReduceScatterOptions | None = None) -> TorchWork:
         output, inputs, op = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter"), _op(opts)
-        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output], inputs)
+        return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output], inputs,
+                           opts=opts)
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor,
                               opts: ReduceScatterOptions | None = None) -> TorchWork:
         op = _op(opts)
         return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output],
-                           [input])
+                           [input], opts=opts)
 
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: ReduceScatterOptions | None = None) -> TorchWork:
@@ -229,22 +239,24 @@ class _TorchCalls:
         return self._start(
             "reduce_scatter_tensor_coalesced",
             lambda g: _together([g.reduce_scatter_tensor(o, i, op) for o, i in zip(outputs, inputs, strict=True)]),
-            list(outputs), inputs,
+            list(outputs), inputs, opts=opts,
         )
 
     def all_to_all_single(self, output: Tensor, input: Tensor, output_split_sizes: Sequence[int],
                           input_split_sizes: Sequence[int], opts: AllToAllOptions | None = None) -> TorchWork:
         out_splits, in_splits = _splits(output_split_sizes), _splits(input_split_sizes)
         return self._start(
-            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output], [input])
+            "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output], [input],
+            opts=opts,
+        )
 
     def alltoall(self, output_tensors: list[Tensor], input_tensors: list[Tensor],
                  opts: AllToAllOptions | None = None) -> TorchWork:
         return self._start("all_to_all", lambda g: g.all_to_all(output_tensors, input_tensors), list(output_tensors),
-                           input_tensors)
+                           input_tensors, opts=opts)
 
     def barrier(self, opts: BarrierOptions | None = None) -> TorchWork:
-        return self._start("barrier", lambda g: g.barrier(), [])
+        return self._start("barrier", lambda g: g.barrier(), [], opts=opts)
 
     # torch's older names for the same calls (C++ callers and older torch code).
     _allgather_base = all_gather_single
@@ -390,8 +402,8 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
 
 
 def _op(opts: AllreduceOptions | ReduceOptions | ReduceScatterOptions | None) -> Any:
-    """The reduction of a torch ``*Options`` (SUM when torch passed none)."""
-    return tdist.ReduceOp.SUM if opts is None else opts.reduceOp
+    """The reduction of a torch ``*Options`` in asyncdist's terms (SUM when torch passed none)."""
+    return RedOpType.SUM if opts is None else own_op(opts.reduceOp)
 
 
 def _root(opts: BroadcastOptions | ReduceOptions | GatherOptions | ScatterOptions | None) -> int:

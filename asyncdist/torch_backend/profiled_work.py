@@ -20,7 +20,7 @@ lives); used from any thread, as TorchWork is.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence
 
 from .._profiling import AsyncEvent, open_event
 from ..group.work import Work
@@ -47,16 +47,22 @@ EVENT_NAMES = {
 
 
 def started(portal: LoopThread, what: str, start: Callable[[], Work], outputs: list[Tensor],
-            inputs: Sequence[Tensor]) -> TorchWork:
+            inputs: Sequence[Tensor], run_now: Callable[[], Coroutine[Any, Any, Any]] | None = None) -> TorchWork:
     """Post ``start`` to the loop thread (:meth:`TorchWork.post`) and return the
     operation's Work; while a torch profiler runs, the operation is the
     asynchronous event ``asyncdist:<name>``, ``name`` being gloo's for the
     operation ``what`` (:data:`EVENT_NAMES`), with the shapes of ``inputs``.
 
+    ``run_now``, for a call that torch waits on at once, is the operation's
+    coroutine function: outside a profiler it is run to completion here
+    instead (:meth:`TorchWork.ran`).
+
     Any thread but the loop's.
     """
     event = open_event(EVENT_NAMES.get(what, what), inputs)  # None unless profiling: one C call
     if event is None:
+        if run_now is not None:
+            return TorchWork.ran(portal, run_now, what, outputs)
         return TorchWork.post(portal, start, outputs)
     return ProfiledWork(outputs, portal, event).post_start(start)
 

@@ -12,6 +12,13 @@ asks, and raises the operation's own asyncdist error
 naming the rank; an argument error found when the operation starts is
 raised by the call if it started in the calling thread, else by ``wait()``.
 
+A call that torch waits on at once (its ``opts.asyncOp`` is False: torch's
+Python functions without ``async_op=True``) is not posted: it runs to
+completion in the calling thread, as the facade's blocking calls do, and
+returns its Work completed (:meth:`TorchWork.ran`). Posting it would cost a
+Task, a wake-up of the daemon thread and a second pass through the loop,
+which made a small call through torch.distributed about twice the facade's.
+
 **The waiter runs the loop.** A ``wait()`` without a timeout runs the loop
 in the waiting thread until the operation is done, as the blocking facade
 runs its calls (taking the loop back from the backend's daemon thread if
@@ -47,10 +54,11 @@ deadlock).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 import torch
 import torch.distributed as tdist
@@ -87,7 +95,8 @@ class TorchWork(tdist.Work):
         self._portal = portal
         self._work: Work | None = None
         self._start_error: BaseException | None = None
-        self._bound = threading.Event()  # set once started (or failed to start)
+        # Set once started (or failed to start); None for a Work made started.
+        self._bound: threading.Event | None = threading.Event() if work is None else None
         self._lock = threading.Lock()  # _future's creation against _bind
         self._future: Any = None  # made by the first get_future()
         if work is not None:
@@ -103,6 +112,19 @@ class TorchWork(tdist.Work):
                 (the loop was free); otherwise :meth:`wait` raises it.
         """
         return cls(None, outputs, portal).post_start(start)
+
+    @classmethod
+    def ran(cls, portal: LoopThread, operation: Callable[[], Coroutine[Any, Any, Any]], op: str,
+            outputs: list) -> TorchWork:
+        """Run ``operation()`` to completion now, as a blocking facade call runs
+        (:meth:`LoopThread.run`), and return its completed TorchWork, whose
+        ``wait()`` raises the operation's error as a started one's does.
+
+        For a call that torch waits on at once (``opts.asyncOp`` False): a
+        posted start, a wake-up of the daemon and a Task would cost more than
+        the operation between two ranks, and there is nothing to overlap.
+        """
+        return cls(portal.run(_completed(operation, op, outputs), what=op), outputs)
 
     def post_start(self, start: Callable[[], Work]) -> TorchWork:
         """:meth:`post` for a TorchWork made without its Work (``work=None``): bind
@@ -130,21 +152,24 @@ class TorchWork(tdist.Work):
             self._work = work
             if self._future is not None:
                 _complete_from(work, self._future[0], here=False)  # never on the loop thread
-        self._bound.set()
+        if self._bound is not None:
+            self._bound.set()
 
     def _fail_start(self, error: BaseException) -> None:
         with self._lock:
             self._start_error = error
             if self._future is not None:
                 self._future[0].set_result(error)  # _raise_error fails the chained future
-        self._bound.set()
+        if self._bound is not None:
+            self._bound.set()
 
     def __repr__(self) -> str:
         return f"<TorchWork {self._work!r}>" if self._work is not None else "<TorchWork (starting)>"
 
     def _started(self) -> Work:
         """The operation's Work, once it started; raises the error that kept it from starting."""
-        self._bound.wait()  # the loop's runner starts it, if no waiter did
+        if self._bound is not None:
+            self._bound.wait()  # the loop's runner starts it, if no waiter did
         if self._start_error is not None:
             raise self._start_error
         assert self._work is not None
@@ -224,6 +249,16 @@ class TorchWork(tdist.Work):
         for the operation on the host first); nothing for CPU tensors."""
         if any(getattr(tensor, "is_cuda", False) for tensor in self._outputs):
             self.wait()
+
+
+async def _completed(operation: Callable[[], Coroutine[Any, Any, Any]], op: str, outputs: list) -> Work:
+    """Await ``operation()``; return a completed Work holding its value or its error."""
+    future = asyncio.get_running_loop().create_future()
+    try:
+        future.set_result(await operation())
+    except Exception as error:  # wait() raises it, as for a started operation
+        future.set_exception(error)
+    return Work(future, op, outputs)
 
 
 def _complete_from(work: Work, handed: Any, *, here: bool) -> None:

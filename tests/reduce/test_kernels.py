@@ -28,6 +28,7 @@ from asyncdist._torch import torch_or_none
 from asyncdist.buffers.host import as_host_buffer, numpy_view
 from asyncdist.errors import InvalidArgumentError
 from asyncdist.reduce.kernels import RedOpType, ReduceOp, make_premul_sum
+from asyncdist.reduce.op import own_op
 
 torch = torch_or_none()
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
@@ -504,3 +505,10 @@ def test_torch_reduce_ops_are_accepted() -> None:
     assert ops.op_name(premul) == "premul_sum(0.5)"
     ops.check_op(premul, "float32")
     assert ops.op_name(make_premul_sum(torch.tensor(0.25))) == "premul_sum(0.25)"
+    # own_op: torch's ops as asyncdist's, resolved once (the torch backend's calls).
+    for k in RedOpType:
+        if k is not RedOpType.PREMUL_SUM:
+            assert own_op(tdist.ReduceOp(getattr(tdist.ReduceOp, k.name))) is k
+    assert ops.op_name(own_op(premul)) == "premul_sum(0.5)"
+    with pytest.raises(InvalidArgumentError, match="op must be a ReduceOp"):
+        own_op(7)
