@@ -173,8 +173,16 @@ def as_host_buffer(obj: Any, *, writable: bool = False, name: str = "tensor") ->
         >>> buf.dtype, buf.shape, buf.nbytes
         ('float32', (4, 2), 32)
     """
-    if isinstance(obj, (np.ndarray, np.generic)):
-        return _from_numpy(obj, writable=writable, name=name)
+    if isinstance(obj, (np.ndarray, np.generic)):  # inline, not a call: every message converts its buffer
+        dtype = _NUMPY_NAMES.get(obj.dtype)  # one lookup: numpy's dtype.name costs 5 us
+        if dtype is None or not obj.flags.c_contiguous or (writable and not obj.flags.writeable):
+            raise _numpy_refused(obj, dtype, name)
+        memory: Any = obj  # a NumPy scalar has the buffer protocol too, unlike its stub
+        try:
+            view = memoryview(memory).cast("B")
+        except TypeError:
+            view = _bytes_of(obj)  # an empty N-d array
+        return HostBuffer(view if writable else view.toreadonly(), dtype, obj.shape)
     if is_torch_tensor(obj):
         return _from_torch(obj, writable=writable, name=name)
     return _from_buffer_protocol(obj, writable=writable, name=name)
@@ -325,23 +333,17 @@ def torch_layout_problem(t: Any, torch: Any) -> str | None:
     return None
 
 
-def _from_numpy(a: np.ndarray | np.generic, *, writable: bool, name: str) -> HostBuffer:
-    dtype = _NUMPY_NAMES.get(a.dtype)  # one lookup: numpy's dtype.name costs 5 us
+def _numpy_refused(a: np.ndarray | np.generic, dtype: str | None, name: str) -> UnsupportedBufferError:
+    """Why :func:`as_host_buffer` refuses ``a``: its dtype (None: not one asyncdist
+    sends), its layout, or (only asked for a writable buffer) that it is read-only."""
     if dtype is None:
-        raise UnsupportedBufferError(
+        return UnsupportedBufferError(
             f"{name} ({_numpy_what(a)}) has a dtype asyncdist cannot send; supported are "
             f"{', '.join(_NUMPY_ITEMSIZES)}, in native byte order"
         )
     if not a.flags.c_contiguous:
-        raise _not_contiguous(f"{name} is a {_numpy_what(a)} with byte strides {a.strides}")
-    if writable and not a.flags.writeable:
-        raise _read_only(name, _numpy_what(a))
-    memory: Any = a  # a NumPy scalar has the buffer protocol too, unlike its stub
-    try:
-        view = memoryview(memory).cast("B")
-    except TypeError:
-        view = _bytes_of(a)  # an empty N-d array
-    return HostBuffer(view if writable else view.toreadonly(), dtype, a.shape)
+        return _not_contiguous(f"{name} is a {_numpy_what(a)} with byte strides {a.strides}")
+    return _read_only(name, _numpy_what(a))
 
 
 def _numpy_what(a: np.ndarray | np.generic) -> str:

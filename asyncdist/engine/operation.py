@@ -17,9 +17,10 @@ Operation. It holds everything the call is and everything said about it:
 * its flight-recorder record, opened with it and ended by :meth:`Operation.close`.
 
 A collective call's :class:`~asyncdist.engine.channel.Channel` is an
-Operation with the algorithms' send and receive. A message is opened by
-:func:`open_message` and sent with :meth:`Operation.send_payload`, which
-builds its data header: no layer above the engine builds a header.
+Operation with the algorithms' send and receive. A point-to-point message
+is an Operation of kind ``"p2p"`` (call number 0, started at once), sent
+with :meth:`Operation.send_payload`, which builds its data header: no layer
+above the engine builds a header.
 
 Loop thread only, except :meth:`awaited` and :attr:`where` (any thread:
 snapshots, see :mod:`asyncdist.engine.progress`).
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol
 
 from ..buffers.host import HostBuffer
 from ..errors import CollectiveMismatchError, OperationTimeoutError, PeerLostError
@@ -40,7 +41,7 @@ from .progress import Awaited, timeout_message
 from ..wire.frames import Header, Kind, new_header
 from .deadlines import Deadlines
 
-__all__ = ["Operation", "OperationHost", "arm_deadline", "open_message", "wait_until", "ON_OPEN"]
+__all__ = ["Operation", "OperationHost", "arm_deadline", "wait_until", "ON_OPEN"]
 
 #: ``ON_OPEN(engine, kind, seq, description)``, called as each recorded operation
 #: opens, before anything else: a fault plan's (:mod:`asyncdist.testing.injector`)
@@ -240,15 +241,20 @@ class Operation:
 
     # -- the deadline and the hang warning, on the rank's one timer -----------------------
 
-    def awaiting(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None) -> asyncio.Future:
+    def awaiting(self, future: asyncio.Future, withdraw: Callable[[], Any] | None = None,
+                 peers: tuple[int, ...] = (), *, sending: bool = False) -> asyncio.Future:
         """``future`` is what it awaits now; returns it, to be awaited.
 
         At the deadline, unless it is done by then, ``withdraw`` runs (e.g.
         un-posting a receive, after the error has been worded, so that it can
         say what was still pending) and ``future`` fails with
         :meth:`timeout_error`, naming every peer it waits on. The hang warning
-        (``ASYNCDIST_HANG_WARN``) comes from the same timer.
+        (``ASYNCDIST_HANG_WARN``) comes from the same timer. ``peers``: the
+        group ranks ``future`` waits on, sending to them or receiving from
+        them, which :meth:`awaited` reports while it is pending (a message's).
         """
+        if peers:
+            (self._sending if sending else self._receiving)[future] = peers
         self._awaiting, self._withdraw = future, withdraw
         return future
 
@@ -336,14 +342,9 @@ class Operation:
         fields = (Kind.DATA, self.ctx, self._engine.rank, tag, 0, buf.dtype, buf.shape, buf.nbytes, "", 0)
         return self._engine.send(peer, new_header(Header, fields), buf.view)
 
-    def expect(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
-        """``future`` waits on group ranks ``peers`` (sending to them, or receiving
-        from them): what :meth:`awaited` reports while it is pending."""
-        (self._sending if sending else self._receiving)[future] = peers
-
     def follow(self, future: asyncio.Future, peers: tuple[int, ...], *, sending: bool) -> None:
-        """A message's one future that nobody awaits here (an ``i*`` call's), as
-        :meth:`expect`: its record ends when the future is done."""
+        """A message's one future that nobody awaits here (an ``i*`` call's), waiting on
+        ``peers`` as for :meth:`awaiting`: its record ends when the future is done."""
         (self._sending if sending else self._receiving)[future] = peers
         future.add_done_callback(self._followed)
 
@@ -373,26 +374,3 @@ class Operation:
                 flight.recorder.lost.setdefault(error.rank, str(error))
             flight.dumps.on_failure(f"{why} in {self.where}")
         return True
-
-
-def open_message(
-    engine: OperationHost,
-    ctx: int,
-    description: Description,
-    members: tuple[int, ...],
-    peers: Sequence[int],
-    timeout: float,
-) -> Operation:
-    """Open one point-to-point message of a group (recorded, started at once).
-
-    Args:
-        ctx: the group's point-to-point context.
-        description: the message (:func:`~asyncdist.flight.descriptions.describe_message`).
-        members: the global rank of each group rank.
-        peers: the group ranks it waits on: its destination, its source, or
-            for a receive from any rank every other member.
-        timeout: the group's timeout.
-    """
-    global_peers = tuple(map(members.__getitem__, peers))
-    return Operation(engine, "p2p", ctx, 0, description, description.group or "", members, timeout, global_peers,
-                     started=True)  # fmt: skip

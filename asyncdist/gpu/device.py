@@ -37,7 +37,8 @@ import numpy as np
 from .._torch import is_torch_tensor
 from ..reduce.op import RedOpType, ReduceOp
 
-__all__ = ["DeviceAdapter", "register_adapter", "unregister_adapter", "adapter_for", "any_device", "live_adapters"]
+__all__ = ["DeviceAdapter", "register_adapter", "unregister_adapter", "adapter_for", "any_device", "live_adapters",
+           "HOST_TYPES"]
 
 
 @runtime_checkable
@@ -193,7 +194,7 @@ def any_device(values: Iterable[Any]) -> bool:
     (about 0.1 us each; a torch CPU tensor costs about 0.5 us)."""
     for value in values:
         kind = type(value)
-        if kind in _HOST_TYPES:
+        if kind in HOST_TYPES:
             continue
         if kind is list or kind is tuple:
             if any_device(value):
@@ -205,9 +206,9 @@ def any_device(values: Iterable[Any]) -> bool:
     return False
 
 
-# Types that are never device arrays (checked by exact type: subclasses ask the
-# adapters), among them the arguments that travel with arrays: ranks, tags, ops.
-_HOST_TYPES = frozenset(
+#: Types that are never device arrays (checked by exact type: subclasses ask the
+#: adapters), among them the arguments that travel with arrays: ranks, tags, ops.
+HOST_TYPES = frozenset(
     {np.ndarray, bytes, bytearray, memoryview, int, float, str, type(None), RedOpType, ReduceOp}
 )
 

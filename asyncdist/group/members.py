@@ -30,16 +30,19 @@ class Members:
         size: the number of members.
         name: the group's name.
         me: this process's global rank.
+        group_rank_of: each member's group rank by its global rank (read
+            directly where the rank is known to be a member's: a message's
+            sender; :meth:`group_rank` checks).
     """
 
-    __slots__ = ("ranks", "rank", "size", "name", "me", "_group_rank_of", "others")
+    __slots__ = ("ranks", "rank", "size", "name", "me", "group_rank_of", "others")
 
     def __init__(self, ranks: Sequence[int], me: int, name: str) -> None:
         self.ranks = tuple(ranks)
-        self._group_rank_of = {g: i for i, g in enumerate(self.ranks)}
-        if len(self._group_rank_of) != len(self.ranks):
+        self.group_rank_of = {g: i for i, g in enumerate(self.ranks)}
+        if len(self.group_rank_of) != len(self.ranks):
             raise InvalidArgumentError(f"group {name!r}: ranks {list(ranks)} contain duplicates")
-        self.rank = self._group_rank_of.get(me, -1)
+        self.rank = self.group_rank_of.get(me, -1)
         self.size = len(self.ranks)
         self.name = name
         self.me = me
@@ -75,7 +78,7 @@ class Members:
             InvalidRankError: that rank is not a member.
         """
         try:
-            return self._group_rank_of[global_rank]
+            return self.group_rank_of[global_rank]
         except KeyError:
             raise InvalidRankError(
                 f"global rank {global_rank} is not in group {self.name!r} (ranks {list(self.ranks)})"

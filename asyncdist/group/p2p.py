@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ..buffers.host import as_host_buffer
 from ..engine.matching import PostedRecv
-from ..engine.operation import Operation, open_message
+from ..engine.operation import Operation
 from ..engine.progress import Progress
 from ..errors import InvalidArgumentError
 from ..flight.descriptions import describe_message
@@ -72,9 +72,8 @@ class PointToPoint:
         """Send ``tensor`` to group rank ``dst``; see ProcessGroup.send."""
         operation, future = self._start_send(tensor, dst, tag)
         if future is not None:
-            operation.expect(future, (dst,), sending=True)
             try:
-                await operation.awaiting(future)
+                await operation.awaiting(future, None, (dst,), sending=True)
             except BaseException as error:
                 operation.close(error, dump=False)
                 raise
@@ -92,25 +91,25 @@ class PointToPoint:
         """Receive into ``tensor``; see ProcessGroup.recv."""
         operation, recv, sources = self._start_recv(tensor, src, tag)
         withdraw = partial(self._engine.cancel_recv, recv)
-        operation.expect(recv.future, sources, sending=False)
         try:
-            header = await operation.awaiting(recv.future, withdraw)
+            header = await operation.awaiting(recv.future, withdraw, sources)
         except BaseException as error:
             if isinstance(error, asyncio.CancelledError):
                 withdraw()  # a cancelled recv must not take a later message
             operation.close(error, dump=False)
             raise
         operation.close()
-        return self._members.group_rank(header.src)
+        return self._members.group_rank_of[header.src]  # a member's: the group's context carries no other
 
     def _start_send(self, tensor: Any, dst: int, tag: int) -> tuple[Operation, asyncio.Future | None]:
         """Open the message and send it: its future, None if it is in the kernel already."""
         peer = self._members.peer(dst, "dst")
         check_tag(tag)
         buf = as_host_buffer(tensor)
-        calls = self._calls
-        operation = open_message(self._engine, calls.p2p_context, describe_message("send", dst, tag, self._members.name,
-                                 buf.nbytes), self._members.ranks, (dst,), calls.timeout)  # fmt: skip
+        calls, members = self._calls, self._members
+        operation = Operation(self._engine, "p2p", calls.p2p_context, 0,
+                              describe_message("send", dst, tag, members.name, buf.nbytes), members.name, members.ranks,
+                              calls.timeout, (peer,), started=True)  # fmt: skip
         try:
             if not self._gates:  # no device send is copying: send now
                 return operation, operation.send_payload(peer, tag, buf)
@@ -130,9 +129,10 @@ class PointToPoint:
         buf = as_host_buffer(tensor, writable=True)
         recv = self._engine.post_recv(self._calls.p2p_context, peer, tag, buf, self._members.others)
         sources = (src,) if src is not None else self._members.sources(src)
-        calls = self._calls
-        operation = open_message(self._engine, calls.p2p_context, describe_message("recv", src, tag, self._members.name,
-                                 buf.nbytes), self._members.ranks, sources, calls.timeout)  # fmt: skip
+        calls, members = self._calls, self._members
+        operation = Operation(self._engine, "p2p", calls.p2p_context, 0,
+                              describe_message("recv", src, tag, members.name, buf.nbytes), members.name, members.ranks,
+                              calls.timeout, tuple(map(members.ranks.__getitem__, sources)), started=True)  # fmt: skip
         return operation, recv, sources
 
     def _work(self, future: asyncio.Future, operation: Operation, tensor: Any) -> Work:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence
 
 from ..engine.channel import Channel
 from ..engine.engine import Engine
-from ..gpu.device import any_device
+from ..gpu.device import HOST_TYPES, any_device
 from ..rendezvous.store import Store
 from ..flight.descriptions import Description
 from .calls import CallReservation, Calls
@@ -134,7 +134,7 @@ class ProcessGroup:
     def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
         """Start sending ``tensor`` to group rank ``dst``; the Work completes when
         the buffer may be reused."""
-        if any_device((tensor,)):
+        if type(tensor) not in HOST_TYPES and any_device((tensor,)):  # (a NumPy array: no call)
             return self.devices.isend(tensor, dst, tag)
         return self.p2p.isend(tensor, dst, tag)
 
@@ -147,13 +147,13 @@ class ProcessGroup:
             PeerLostError: ``dst`` is gone.
             OperationTimeoutError: not sent within the group's timeout.
         """
-        if any_device((tensor,)):
+        if type(tensor) not in HOST_TYPES and any_device((tensor,)):  # (a NumPy array: no call)
             return completion(lambda: self.devices.isend(tensor, dst, tag))
         return self.p2p.send(tensor, dst, tag)  # its coroutine, not one around it: one await less
 
     def irecv(self, tensor: Any, src: int | None = None, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; the Work's value is the sender's group rank."""
-        if any_device((tensor,)):
+        if type(tensor) not in HOST_TYPES and any_device((tensor,)):  # (a NumPy array: no call)
             return self.devices.irecv(tensor, src, tag)
         return self.p2p.irecv(tensor, src, tag)
 
@@ -168,7 +168,7 @@ class ProcessGroup:
                 from ``tensor``'s (the message is consumed).
             PeerLostError, OperationTimeoutError: as for :meth:`send`.
         """
-        if any_device((tensor,)):
+        if type(tensor) not in HOST_TYPES and any_device((tensor,)):  # (a NumPy array: no call)
             return completion(lambda: self.devices.irecv(tensor, src, tag))
         return self.p2p.recv(tensor, src, tag)
 

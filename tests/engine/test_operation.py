@@ -15,11 +15,11 @@ import pytest
 
 from asyncdist.buffers.host import as_host_buffer
 from asyncdist.engine.deadlines import Deadlines
-from asyncdist.engine.operation import Operation, open_message
+from asyncdist.engine.operation import Operation
 from asyncdist.engine.progress import Awaited
 from asyncdist.errors import OperationTimeoutError
 from asyncdist.flight import Flight
-from asyncdist.flight.descriptions import describe, describe_message
+from asyncdist.flight.descriptions import Description, describe, describe_message
 from asyncdist.flight.recorder import as_dict
 from asyncdist.wire.frames import Header, Kind
 from asyncdist.wire.handshake import Identity
@@ -50,6 +50,12 @@ class FakeEngine:
 MEMBERS = (5, 3, 0)  # group rank -> global rank; this rank is group rank 1
 
 
+def _message(engine: FakeEngine, description: Description, peers: tuple[int, ...]) -> Operation:
+    """A point-to-point message of context 4 waiting on group ranks ``peers``, as the group's p2p opens one."""
+    return Operation(engine, "p2p", 4, 0, description, description.group or "", MEMBERS, 30.0,
+                     tuple(MEMBERS[p] for p in peers), started=True)
+
+
 def _entries(engine: FakeEngine) -> list[dict[str, Any]]:
     return [as_dict(entry) for entry in engine.flight.recorder.entries()]
 
@@ -57,7 +63,7 @@ def _entries(engine: FakeEngine) -> list[dict[str, Any]]:
 async def test_a_message_waits_on_its_peer_until_its_future_is_done() -> None:
     engine = FakeEngine()
     description = describe_message("recv", None, 7, "g", 16)
-    operation = open_message(engine, 4, description, MEMBERS, (0, 2), timeout=30.0)
+    operation = _message(engine, description, (0, 2))
     future = asyncio.get_running_loop().create_future()
     operation.follow(future, (0, 2), sending=False)
     assert operation.where == "recv from any rank (tag 7, group 'g')"
@@ -75,7 +81,7 @@ async def test_a_message_waits_on_its_peer_until_its_future_is_done() -> None:
 
 async def test_a_message_sends_its_payload_under_the_users_tag() -> None:
     engine = FakeEngine()
-    operation = open_message(engine, 4, describe_message("send", 0, -2, "g"), MEMBERS, (0,), timeout=30.0)
+    operation = _message(engine, describe_message("send", 0, -2, "g"), (0,))
     payload = np.arange(3, dtype=np.int16)
     assert operation.send_payload(5, -2, as_host_buffer(payload)) is None
     (dst, header, sent), = engine.sent
@@ -89,10 +95,9 @@ async def test_the_deadline_fails_the_wait_naming_the_call_and_its_peers() -> No
     description = describe("all_reduce", reduce="sum", dtype="float32", shape=(4,))
     operation = Operation(engine, "collective", 2, 9, description, "world", MEMBERS, 0.05, MEMBERS)
     future = asyncio.get_running_loop().create_future()
-    operation.expect(future, (0, 2), sending=False)
     withdrawn: list[bool] = []
     with pytest.raises(OperationTimeoutError) as caught:
-        await operation.awaiting(future, lambda: withdrawn.append(True))
+        await operation.awaiting(future, lambda: withdrawn.append(True), (0, 2))
     assert str(caught.value) == (
         "rank 3: all_reduce(sum, float32[4]) (call #9 in group 'world') Timed out after 0.05 s; "
         "still waiting for ranks [0, 2] (global [5, 0])"
@@ -107,8 +112,7 @@ async def test_the_hang_warning_comes_once_before_the_deadline() -> None:
     description = describe("broadcast", root=0, dtype="uint8", shape=(1,))
     operation = Operation(engine, "collective", 2, 4, description, "world", MEMBERS, 5.0, MEMBERS)
     future = asyncio.get_running_loop().create_future()
-    operation.expect(future, (0,), sending=False)
-    operation.awaiting(future)
+    operation.awaiting(future, None, (0,))
     await engine.warned.wait()  # set by the rank's one timer
     ctx, seq, described, group, members, awaited, _since = engine.warnings[0]
     assert (ctx, seq, described, group, members, awaited) == (2, 4, description, "world", [5, 0], [5])
@@ -131,9 +135,8 @@ async def test_one_timer_serves_every_operation_and_fires_for_the_earliest() -> 
     fast = Operation(engine, "collective", 2, 50, description, "world", MEMBERS, 0.02, MEMBERS)
     assert engine.deadlines.next_at == fast.deadline  # sooner: the timer is armed again
     future = asyncio.get_running_loop().create_future()
-    fast.expect(future, (1,), sending=False)
     with pytest.raises(OperationTimeoutError, match="call #50"):
-        await fast.awaiting(future)
+        await fast.awaiting(future, None, (1,))
     assert list(engine.deadlines.open) == [slow] and engine.deadlines.next_at == slow.deadline
     assert slow.close() and not engine.deadlines.open
 
@@ -143,9 +146,8 @@ async def test_a_deadline_before_the_hang_warning_fires_first() -> None:
     operation = Operation(engine, "collective", 2, 5, describe("barrier"), "world", MEMBERS, 0.02, MEMBERS)
     assert engine.deadlines.next_at == operation.deadline
     future = asyncio.get_running_loop().create_future()
-    operation.expect(future, (0,), sending=False)
     with pytest.raises(OperationTimeoutError, match="Timed out after 0.02 s"):
-        await asyncio.wait_for(operation.awaiting(future), 5.0)  # not at the warning, 60 s on
+        await asyncio.wait_for(operation.awaiting(future, None, (0,)), 5.0)  # not at the warning, 60 s on
     assert not engine.warnings
 
 
@@ -155,14 +157,13 @@ async def test_the_deadline_waits_for_the_next_wait_when_nothing_is_awaited() ->
     await asyncio.sleep(0.02)  # the deadline passes while the operation awaits nothing of its own
     assert operation in engine.deadlines.open
     future = asyncio.get_running_loop().create_future()
-    operation.expect(future, (0,), sending=False)
     with pytest.raises(OperationTimeoutError, match="call #3"):
-        await operation.awaiting(future)
+        await operation.awaiting(future, None, (0,))
 
 
 async def test_a_watched_future_that_is_cancelled_withdraws_what_it_posted() -> None:
     engine = FakeEngine()
-    operation = open_message(engine, 4, describe_message("recv", 0, 1, "g"), MEMBERS, (0,), timeout=30.0)
+    operation = _message(engine, describe_message("recv", 0, 1, "g"), (0,))
     future = asyncio.get_running_loop().create_future()
     operation.follow(future, (0,), sending=False)
     withdrawn: list[bool] = []
