@@ -200,12 +200,29 @@ def all_gather(x: Issue, tensor_list: Sequence[Any], tensor: Any) -> None:
 
 
 def all_gather_into_tensor(x: Issue, output_tensor: Any, input_tensor: Any) -> None:
-    (d_out, c_out), (d_in, c_in) = x.layout(output_tensor), x.layout(input_tensor)
-    if d_out != d_in or c_out != c_in * x.size:
-        raise InvalidArgumentError(
-            f"output_tensor is {describe(d_out, (c_out,))}; all_gather_into_tensor needs {x.size} x {describe(d_in, (c_in,))}"
-        )
+    _check_gather(x, output_tensor, input_tensor, "output_tensor", "all_gather_into_tensor")
     x.comm.allGather(x.ptr(input_tensor), x.ptr(output_tensor), x.nbytes(input_tensor), NCCL_UINT8, x.handle)
+
+
+def all_gather_into_tensor_coalesced(x: Issue, outputs: Sequence[Any], inputs: Sequence[Any]) -> None:
+    pairs = _pairs(outputs, inputs, "all_gather_into_tensor_coalesced")
+    for i, (out, inp) in enumerate(pairs):
+        _check_gather(x, out, inp, f"outputs[{i}]", "all_gather_into_tensor_coalesced")
+    with x.group():
+        for out, inp in pairs:
+            x.comm.allGather(x.ptr(inp), x.ptr(out), x.nbytes(inp), NCCL_UINT8, x.handle)
+
+
+def _check_gather(x: Issue, output: Any, input: Any, name: str, what: str) -> None:
+    (d_out, c_out), (d_in, c_in) = x.layout(output), x.layout(input)
+    if d_out != d_in or c_out != c_in * x.size:
+        raise InvalidArgumentError(f"{name} is {describe(d_out, (c_out,))}; {what} needs {x.size} x {describe(d_in, (c_in,))}")
+
+
+def _pairs(outputs: Sequence[Any], inputs: Sequence[Any], what: str) -> list[tuple[Any, Any]]:
+    if len(outputs) != len(inputs):
+        raise InvalidArgumentError(f"{what}: {len(outputs)} outputs and {len(inputs)} inputs; they go in pairs")
+    return list(zip(outputs, inputs))
 
 
 def gather(x: Issue, tensor: Any, gather_list: Sequence[Any] | None, dst: int) -> None:
@@ -252,15 +269,32 @@ def reduce_scatter(x: Issue, output: Any, input_list: Sequence[Any], op: Any) ->
 
 
 def reduce_scatter_tensor(x: Issue, output: Any, input: Any, op: Any) -> None:
-    (d_out, c_out), (d_in, c_in) = x.layout(output), x.layout(input)
-    if d_out != d_in or c_in != c_out * x.size:
-        raise InvalidArgumentError(
-            f"input is {describe(d_in, (c_in,))}; reduce_scatter_tensor needs {x.size} x {describe(d_out, (c_out,))}"
-        )
-    r = _reduction(x, op, d_out)
-    x.comm.reduceScatter(x.ptr(_send_buffer(x, r, input)), x.ptr(output), c_out * r.parts, r.dtype, r.op, x.handle)
+    r = _check_scatter(x, output, input, op, "input", "reduce_scatter_tensor")
+    x.comm.reduceScatter(x.ptr(_send_buffer(x, r, input)), x.ptr(output), x.layout(output)[1] * r.parts, r.dtype,
+                         r.op, x.handle)
     if r.post is not None:
         x.adapter.scale_(output, r.post, x.stream)
+
+
+def reduce_scatter_tensor_coalesced(x: Issue, outputs: Sequence[Any], inputs: Sequence[Any], op: Any) -> None:
+    pairs = _pairs(outputs, inputs, "reduce_scatter_tensor_coalesced")
+    plans = [(out, inp, _check_scatter(x, out, inp, op, f"inputs[{i}]", "reduce_scatter_tensor_coalesced"))
+             for i, (out, inp) in enumerate(pairs)]
+    sends = [_send_buffer(x, r, inp) for _, inp, r in plans]  # scaling kernels before the group
+    with x.group():
+        for (out, _, r), send in zip(plans, sends):
+            x.comm.reduceScatter(x.ptr(send), x.ptr(out), x.layout(out)[1] * r.parts, r.dtype, r.op, x.handle)
+    for out, _, r in plans:
+        if r.post is not None:
+            x.adapter.scale_(out, r.post, x.stream)
+
+
+def _check_scatter(x: Issue, output: Any, input: Any, op: Any, name: str, what: str) -> Any:
+    """The reduction of a reduce-scatter of ``input`` into ``output``, once their layouts are checked."""
+    (d_out, c_out), (d_in, c_in) = x.layout(output), x.layout(input)
+    if d_out != d_in or c_in != c_out * x.size:
+        raise InvalidArgumentError(f"{name} is {describe(d_in, (c_in,))}; {what} needs {x.size} x {describe(d_out, (c_out,))}")
+    return _reduction(x, op, d_out)
 
 
 def all_to_all(x: Issue, output_tensor_list: Sequence[Any], input_tensor_list: Sequence[Any]) -> None:
@@ -316,8 +350,9 @@ def recv(x: Issue, tensor: Any, peer: int) -> None:
 ISSUERS: dict[str, Callable[..., None]] = {
     f.__name__: f
     for f in (
-        all_reduce, all_reduce_coalesced, broadcast, reduce, all_gather, all_gather_into_tensor, gather, scatter,
-        reduce_scatter, reduce_scatter_tensor, all_to_all, all_to_all_single, send, recv,
+        all_reduce, all_reduce_coalesced, broadcast, reduce, all_gather, all_gather_into_tensor,
+        all_gather_into_tensor_coalesced, gather, scatter, reduce_scatter, reduce_scatter_tensor,
+        reduce_scatter_tensor_coalesced, all_to_all, all_to_all_single, send, recv,
     )
 }  # fmt: skip
 """Op name -> its issuer, called as ``issuer(issue, **arguments)``."""

@@ -55,10 +55,11 @@ class Spec:
     root: str | None = None
 
     def calls(self, arguments: dict[str, Any]) -> int:
-        """How many collective calls (channels) the host method opens."""
-        tensors = arguments.get("tensors")
-        if "tensors" in arguments and isinstance(tensors, (list, tuple)):
-            return len(tensors)  # all_reduce_coalesced: one call per tensor
+        """How many collective calls (channels) the host method opens: one, or
+        for a coalesced one, one per dtype of its tensors (:mod:`asyncdist.group.packing`)."""
+        tensors = arguments.get("tensors", arguments.get("outputs"))
+        if ("tensors" in arguments or "outputs" in arguments) and isinstance(tensors, (list, tuple)):
+            return len({tensor.dtype for tensor in tensors})
         return 1
 
 
@@ -77,6 +78,12 @@ SPECS: dict[str, Spec] = {
     "scatter": Spec((_op("tensor", "none", "all"), _op("scatter_list", "root", "none", many=True)), root="src"),
     "reduce_scatter": Spec((_op("output", "none", "all"), _op("input_list", "all", "none", many=True))),
     "reduce_scatter_tensor": Spec((_op("output", "none", "all"), _op("input", "all", "none"))),
+    "all_gather_into_tensor_coalesced": Spec(
+        (_op("outputs", "none", "all", many=True), _op("inputs", "all", "none", many=True))
+    ),
+    "reduce_scatter_tensor_coalesced": Spec(
+        (_op("outputs", "none", "all", many=True), _op("inputs", "all", "none", many=True))
+    ),
     "all_to_all": Spec(
         (_op("output_tensor_list", "none", "all", many=True), _op("input_tensor_list", "all", "none", many=True))
     ),

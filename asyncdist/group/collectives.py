@@ -26,6 +26,7 @@ from ..reduce.op import ReduceOp
 from ..buffers.contiguous import Writeback, staged
 from ..engine.channel import Channel
 from .calls import Calls
+from .packing import by_dtype, describe_packed, offsets, pack, unpack
 
 __all__ = ["Collectives"]
 
@@ -41,6 +42,10 @@ def _same_layout(buffers: Sequence[HostBuffer], like: HostBuffer, what: str) -> 
 def _write_back(writebacks: Sequence[Writeback]) -> None:
     for write_back in writebacks:
         write_back()
+
+
+def _nothing() -> None:
+    """The write-back of a scratch buffer (a coalesced call's)."""
 
 
 class Collectives:
@@ -80,18 +85,27 @@ class Collectives:
         write_back()
 
     async def all_reduce_coalesced(self, tensors: Sequence[Any], op: Any = ReduceOp.SUM) -> None:
-        """All-reduce several tensors, each in place, as one call per tensor.
+        """All-reduce several tensors, each in place, as one call per dtype (:mod:`.packing`).
 
         Every tensor is checked, then every call numbered, before the first
         one runs: a bad tensor fails the whole request at once, and a
         collective started concurrently on this group cannot slip in between.
         """
         checked = [staged(tensor, writable=True) for tensor in tensors]
-        names = [ops.check_op(op, buf.dtype) for buf, _ in checked]
-        channels = [self._calls.channel(describe("all_reduce", reduce=name, dtype=buf.dtype, shape=buf.shape))
-                    for (buf, _), name in zip(checked, names)]  # fmt: skip
-        for channel, (buf, write_back) in zip(channels, checked):
-            await self._reduce_all(channel, buf, write_back, op)
+        bufs = [buf for buf, _ in checked]
+        groups = by_dtype(bufs)
+        names = [ops.check_op(op, bufs[group[0]].dtype) for group in groups]
+        channels = [self._calls.channel(describe_packed("all_reduce_coalesced", bufs[group[0]].dtype,
+                                                        [bufs[i].numel for i in group], reduce=name))
+                    for group, name in zip(groups, names)]  # fmt: skip
+        for channel, group in zip(channels, groups):
+            pieces = [bufs[i] for i in group]
+            starts = offsets([piece.numel for piece in pieces])
+            packed = scratch_buffer(pieces[0].dtype, starts[-1])
+            pack(packed, pieces, starts)
+            await self._reduce_all(channel, packed, _nothing, op)
+            unpack(packed, pieces, starts)
+        _write_back([write_back for _, write_back in checked])
 
     async def all_reduce(self, tensor: Any, op: Any = ReduceOp.SUM) -> None:
         """Combine every rank's ``tensor`` with ``op``; every rank gets the result in place."""
@@ -150,6 +164,63 @@ class Collectives:
         await channel.run(ring_all_gather(channel, slots))
         write_back()
 
+    async def all_gather_into_tensor_coalesced(self, outputs: Sequence[Any], inputs: Sequence[Any]) -> None:
+        """:meth:`all_gather_into_tensor` of each ``inputs[i]`` into ``outputs[i]``, as one
+        call per dtype (:mod:`.packing`); checked and numbered as :meth:`all_reduce_coalesced`."""
+        sends = [staged(t, writable=False, name="inputs[i]")[0] for t in inputs]
+        received = [staged(t, writable=True, name="outputs[i]") for t in outputs]
+        outs = [buf for buf, _ in received]
+        self._pairs(outs, sends, "all_gather_into_tensor_coalesced")
+        groups = by_dtype(sends)
+        channels = [self._calls.channel(describe_packed("all_gather_into_tensor_coalesced", sends[group[0]].dtype,
+                                                        [sends[i].numel for i in group]))
+                    for group in groups]  # fmt: skip
+        for channel, group in zip(channels, groups):
+            pieces = [sends[i] for i in group]
+            starts = offsets([piece.numel for piece in pieces])
+            slots = even_slots(scratch_buffer(pieces[0].dtype, starts[-1] * self.size), self.size)
+            pack(slots[self.rank], pieces, starts)
+            await channel.run(ring_all_gather(channel, slots))
+            for rank, slot in enumerate(slots):  # rank r's part of each output, from its slot
+                unpack(slot, [outs[i].elements(rank * sends[i].numel, (rank + 1) * sends[i].numel) for i in group],
+                       starts)
+        _write_back([write_back for _, write_back in received])
+
+    async def reduce_scatter_tensor_coalesced(self, outputs: Sequence[Any], inputs: Sequence[Any],
+                                              op: Any = ReduceOp.SUM) -> None:
+        """:meth:`reduce_scatter_tensor` of each ``inputs[i]`` into ``outputs[i]``, as one
+        call per dtype (:mod:`.packing`); checked and numbered as :meth:`all_reduce_coalesced`."""
+        received = [staged(t, writable=True, name="outputs[i]") for t in outputs]
+        outs = [buf for buf, _ in received]
+        wholes = [staged(t, writable=False, name="inputs[i]")[0] for t in inputs]
+        self._pairs(wholes, outs, "reduce_scatter_tensor_coalesced")
+        groups = by_dtype(outs)
+        names = [ops.check_op(op, outs[group[0]].dtype) for group in groups]
+        channels = [self._calls.channel(describe_packed("reduce_scatter_tensor_coalesced", outs[group[0]].dtype,
+                                                        [outs[i].numel for i in group], reduce=name, per_rank=True))
+                    for group, name in zip(groups, names)]  # fmt: skip
+        for channel, group in zip(channels, groups):
+            pieces = [outs[i] for i in group]
+            starts = offsets([piece.numel for piece in pieces])
+            accumulator = scratch_buffer(pieces[0].dtype, starts[-1] * self.size)
+            slots = even_slots(accumulator, self.size)
+            for rank, slot in enumerate(slots):  # slot r: the r-th part of every input, end to end
+                pack(slot, [wholes[i].elements(rank * outs[i].numel, (rank + 1) * outs[i].numel) for i in group],
+                     starts)
+            unpack(await self._reduce_scatter_slots(channel, accumulator, slots, op), pieces, starts)
+        _write_back([write_back for _, write_back in received])
+
+    def _pairs(self, large: Sequence[HostBuffer], small: Sequence[HostBuffer], what: str) -> None:
+        """Each ``large[i]`` holds ``size`` times ``small[i]``, of its dtype (a coalesced call's pairs)."""
+        if len(large) != len(small):
+            raise InvalidArgumentError(f"{what}: {len(large)} and {len(small)} tensors; they go in pairs")
+        for i, (whole, part) in enumerate(zip(large, small)):
+            if whole.dtype != part.dtype or whole.numel != part.numel * self.size:
+                raise InvalidArgumentError(
+                    f"{what}: tensor {i} is {describe_buffer(whole.dtype, whole.shape)}, which must be "
+                    f"{self.size} x {describe_buffer(part.dtype, part.shape)}"
+                )
+
     async def gather(self, tensor: Any, gather_list: Sequence[Any] | None = None, dst: int = 0) -> None:
         """Every rank's ``tensor`` lands in ``gather_list[rank]`` on group rank ``dst``."""
         root = self._root(dst, "dst")
@@ -189,10 +260,15 @@ class Collectives:
         slots = even_slots(accumulator, self.size)
         for slot, buf in zip(slots, inputs):
             copy_into(slot, buf)
+        copy_into(out, await self._reduce_scatter_slots(channel, accumulator, slots, op))
+
+    async def _reduce_scatter_slots(self, channel: Channel, accumulator: HostBuffer, slots: list[HostBuffer],
+                                    op: Any) -> HostBuffer:
+        """Reduce every rank's ``slots`` (over ``accumulator``); return this rank's, reduced."""
         ops.prepare(op, accumulator)
         await channel.run(ring_reduce_scatter(channel, slots, op))
         ops.finish(op, slots[self.rank], self.size)
-        copy_into(out, slots[self.rank])
+        return slots[self.rank]
 
     async def reduce_scatter(self, output: Any, input_list: Sequence[Any], op: Any = ReduceOp.SUM) -> None:
         """Combine every rank's ``input_list[i]`` with ``op`` into rank i's ``output``."""

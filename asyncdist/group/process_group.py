@@ -181,10 +181,12 @@ class ProcessGroup:
     reduce = host_or_device(Collectives.reduce)
     all_gather = host_or_device(Collectives.all_gather)
     all_gather_into_tensor = host_or_device(Collectives.all_gather_into_tensor)
+    all_gather_into_tensor_coalesced = host_or_device(Collectives.all_gather_into_tensor_coalesced)
     gather = host_or_device(Collectives.gather)
     scatter = host_or_device(Collectives.scatter)
     reduce_scatter = host_or_device(Collectives.reduce_scatter)
     reduce_scatter_tensor = host_or_device(Collectives.reduce_scatter_tensor)
+    reduce_scatter_tensor_coalesced = host_or_device(Collectives.reduce_scatter_tensor_coalesced)
     all_to_all = host_or_device(Collectives.all_to_all)
     all_to_all_single = host_or_device(Collectives.all_to_all_single)
 

@@ -29,9 +29,9 @@ one asynchronous event named as gloo's, with gloo's choice of input shapes
 Ordering: a collective takes its group's next call number when its
 coroutine first runs on the loop, and tasks first run in the order they
 were started, so the n-th collective started on every rank is matched with
-the n-th of the others, as torch requires. The coalesced calls start one
-task per tensor in the same step that starts the call, so nothing started
-later can take a number between them.
+the n-th of the others, as torch requires. The coalesced calls pack their
+tensors and make one call per dtype (:mod:`asyncdist.group.packing`),
+numbered together before the first runs.
 
 Thread affinity: any thread but the loop's own (there the hop that starts
 an operation raises :class:`~asyncdist.errors.WrongThreadError`); ``.then()``
@@ -40,7 +40,6 @@ callbacks of the Works' futures run on other threads (see :mod:`.work`).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 
 import torch
@@ -99,23 +98,6 @@ def _splits(sizes: Sequence[int]) -> list[int] | None:
     return list(sizes) if len(sizes) else None
 
 
-def _together(calls: list[Coroutine[Any, Any, None]]) -> Coroutine[Any, Any, None]:
-    """Start ``calls`` now, in order (loop thread), and wait for all; the first error wins.
-
-    Their first steps are queued before anything started later, so each takes
-    its group's call number ahead of any later operation, on every rank.
-    """
-    tasks = [asyncio.ensure_future(call) for call in calls]
-
-    async def wait_all() -> None:
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
-    return wait_all()
-
-
 class _TorchCalls:
     """The operations, in the one calling convention torch.distributed uses:
     a list of tensors and an ``*Options`` struct (see the module docstring).
@@ -137,7 +119,7 @@ class _TorchCalls:
         (posted: the caller does not wait for the loop, :meth:`TorchWork.post`).
 
         Started with :meth:`Work.start`, so that a timed-out ``wait`` names the
-        call and the peers it waits on (also in the tasks ``_together`` starts).
+        call and the peers it waits on.
         ``inputs`` (default ``outputs``) are the tensors whose shapes the
         profiler event records, gloo's choice for each operation. A call whose
         ``opts.asyncOp`` is False (torch's Python API without ``async_op``,
@@ -187,10 +169,14 @@ class _TorchCalls:
 
     def allgather_coalesced(self, output_lists: list[list[Tensor]], input_list: list[Tensor],
                             opts: AllgatherOptions | None = None) -> TorchWork:
-        # output_lists[r][i] receives rank r's input_list[i].
-        def operation(g: ProcessGroup) -> Coroutine[Any, Any, None]:
-            return _together([g.all_gather([per_rank[i] for per_rank in output_lists], tensor)
-                              for i, tensor in enumerate(input_list)])
+        # output_lists[r][i] receives rank r's input_list[i]: gathered packed, then copied there.
+        flats = [torch.empty(len(output_lists) * t.numel(), dtype=t.dtype, device=t.device) for t in input_list]
+
+        async def operation(g: ProcessGroup) -> None:
+            await g.all_gather_into_tensor_coalesced(flats, input_list)
+            for rank, per_rank in enumerate(output_lists):
+                for flat, out in zip(flats, per_rank, strict=True):
+                    out.copy_(flat.view(len(output_lists), -1)[rank].view_as(out))
 
         return self._start("all_gather_coalesced", operation, [t for per_rank in output_lists for t in per_rank],
                            input_list, opts=opts)
@@ -203,7 +189,7 @@ class _TorchCalls:
                                     opts: AllgatherOptions | None = None) -> TorchWork:
         return self._start(
             "all_gather_into_tensor_coalesced",
-            lambda g: _together([g.all_gather_into_tensor(o, i) for o, i in zip(outputs, inputs, strict=True)]),
+            lambda g: g.all_gather_into_tensor_coalesced(outputs, inputs),
             list(outputs), inputs, opts=opts,
         )
 
@@ -238,7 +224,7 @@ class _TorchCalls:
         op = _op(opts)
         return self._start(
             "reduce_scatter_tensor_coalesced",
-            lambda g: _together([g.reduce_scatter_tensor(o, i, op) for o, i in zip(outputs, inputs, strict=True)]),
+            lambda g: g.reduce_scatter_tensor_coalesced(outputs, inputs, op),
             list(outputs), inputs, opts=opts,
         )
 

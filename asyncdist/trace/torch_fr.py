@@ -70,9 +70,11 @@ def _sizes(op: str, shape: list[int] | None, n: int) -> tuple[str, list[list[int
     whole = [[n * shape[0], *shape[1:]] if shape else [n]] if shape is not None else []
     if op in ("all_reduce", "broadcast", "reduce"):
         return op, one, one
-    if op in ("all_gather", "all_gather_into_tensor"):
+    if op == "all_reduce_coalesced":  # its tensors packed end to end: the shape is the packed buffer's
+        return "all_reduce", one, one
+    if op in ("all_gather", "all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
         return "all_gather", one, whole  # gloo names both all_gather; its output holds every rank's input
-    if op in ("reduce_scatter", "reduce_scatter_tensor"):
+    if op in ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
         return "reduce_scatter", whole, one  # the shape is each rank's part
     if op == "gather":
         return "gather", one, []  # the analyzer compares no gather outputs (only the root has them)

@@ -129,6 +129,12 @@ def test_every_other_collective(nccl, n):
         rs = r.empty(2, np.int32)
         await g.reduce_scatter(rs, [r.put(data(me * n + k, 2, np.int32)) for k in range(n)], ReduceOp.SUM)
         out["reduce_scatter"] = r.get(rs)
+        wholes = [r.empty((n, 3), np.float64), r.empty((n, 2), np.int32)]
+        await g.all_gather_into_tensor_coalesced(wholes, [r.put(data(me, 3)), r.put(data(me, 2, np.int32))])
+        out["all_gather_coalesced"] = [r.get(w) for w in wholes]
+        parts = [r.empty(3, np.float64), r.empty(2, np.int32)]
+        await g.reduce_scatter_tensor_coalesced(parts, [r.put(data(me, 3 * n)), r.put(data(me, 2 * n, np.int32))])
+        out["reduce_scatter_coalesced"] = [r.get(p) for p in parts]
         return out
 
     results = nccl(n, body)
@@ -147,6 +153,12 @@ def test_every_other_collective(nccl, n):
             np.testing.assert_array_equal(out["all_gather"][k], data(k, 4))
         np.testing.assert_array_equal(out["all_gather_into_tensor"], np.stack([data(k, 4) for k in range(n)]))
         np.testing.assert_array_equal(out["reduce_scatter"], sum(data(k * n + me, 2, np.int32) for k in range(n)))
+        np.testing.assert_array_equal(out["all_gather_coalesced"][0], np.stack([data(k, 3) for k in range(n)]))
+        np.testing.assert_array_equal(out["all_gather_coalesced"][1], np.stack([data(k, 2, np.int32) for k in range(n)]))
+        np.testing.assert_allclose(out["reduce_scatter_coalesced"][0],
+                                   sum(data(k, 3 * n) for k in range(n))[3 * me:3 * me + 3])
+        np.testing.assert_array_equal(out["reduce_scatter_coalesced"][1],
+                                      sum(data(k, 2 * n, np.int32) for k in range(n))[2 * me:2 * me + 2])
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -69,6 +69,23 @@ def test_all_reduce_coalesced_and_shapes(worlds, n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_the_tensor_collectives_coalesced_over_two_dtypes(worlds, n):
+    async def body(r):
+        me = r.g.rank
+        wholes = [r.put(np.zeros(3 * n)), r.put(np.zeros(2 * n, np.int32))]
+        await r.g.all_gather_into_tensor_coalesced(wholes, [r.put(data(me, 3)), r.put(data(me, 2, np.int32))])
+        parts = [r.put(np.zeros(3)), r.put(np.zeros(2, np.int32))]
+        await r.g.reduce_scatter_tensor_coalesced(parts, [r.put(data(me, 3 * n)), r.put(data(me, 2 * n, np.int32))])
+        return [r.get(w) for w in wholes], [r.get(p) for p in parts]
+
+    for me, (gathered, scattered) in enumerate(worlds.run(n, body)):
+        np.testing.assert_array_equal(gathered[0], np.concatenate([data(k, 3) for k in range(n)]))
+        np.testing.assert_array_equal(gathered[1], np.concatenate([data(k, 2, np.int32) for k in range(n)]))
+        np.testing.assert_array_equal(scattered[0], sum(data(k, 3 * n) for k in range(n))[3 * me:3 * me + 3])
+        np.testing.assert_array_equal(scattered[1], sum(data(k, 2 * n, np.int32) for k in range(n))[2 * me:2 * me + 2])
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_broadcast_and_reduce_every_root(worlds, n):
     for root in range(n):
 

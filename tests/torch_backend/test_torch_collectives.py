@@ -9,6 +9,7 @@ computes what it should have been from the same inputs.
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -108,6 +109,17 @@ def every_collective(path: Path) -> dict:
         dist.all_gather_single(gathers[1], t(x["f32"]))
     manager.wait()
     got["all_gather_coalesced"] = [g.numpy() for g in gathers]
+    with dist._coalescing_manager(async_ops=True) as manager:
+        parts = [torch.zeros(2, 3), torch.zeros(2)]
+        dist.reduce_scatter_tensor(parts[0], t(x["rows"]))
+        dist.reduce_scatter_tensor(parts[1], t(x["rows"][:, 0]))
+    manager.wait()
+    got["reduce_scatter_coalesced"] = [p.numpy() for p in parts]
+    lists = [[torch.zeros(2), torch.zeros(1)] for _ in range(size)]  # output_lists[r][i]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch deprecates it, and still serves it
+        dist.all_gather_coalesced(lists, [torch.full((2,), float(rank)), torch.tensor([10.0 + rank])])
+    got["all_gather_coalesced_lists"] = [[t.tolist() for t in per_rank] for per_rank in lists]
 
     outputs = [torch.zeros(rank + 1, dtype=torch.float64) for _ in range(size)]  # rank j sends me rank+1 values
     inputs = [torch.full((j + 1,), float(10 * rank + j), dtype=torch.float64) for j in range(size)]
@@ -202,6 +214,7 @@ def reference(size: int) -> dict:
         "reduce_scatter_single_max_of": lambda r: rows.max(0)[2 * r:2 * r + 2],
         "scatter_of": lambda r: x[-1]["rows"][2 * r:2 * r + 2],
         "all_gather_coalesced": [rows[:, :2].reshape(-1, 3), stack("f32").reshape(-1)],
+        "reduce_scatter_coalesced_of": lambda r: [rows.sum(0)[2 * r:2 * r + 2], rows.sum(0)[2 * r:2 * r + 2, 0]],
         "all_to_all_single_of": lambda r: rows[:, 2 * r:2 * r + 2].reshape(-1, 3),
         "all_to_all_single_uneven_of": lambda r: np.concatenate([u[starts[r]:starts[r + 1]] for u in uneven]),
         "reduce_sum": stack("f64").sum(0),
@@ -223,6 +236,9 @@ def test_every_collective_matches_numpy(tmp_path: Path, size: int) -> None:
             np.testing.assert_allclose(g, w, rtol=1e-6)
         for g, w in zip(got["all_gather_coalesced"], want["all_gather_coalesced"]):
             np.testing.assert_array_equal(g, w)
+        for g, w in zip(got["reduce_scatter_coalesced"], want["reduce_scatter_coalesced_of"](rank), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+        assert got["all_gather_coalesced_lists"] == [[[float(r)] * 2, [10.0 + r]] for r in range(size)]
         if rank == 1 % size:
             np.testing.assert_allclose(got["reduce_sum"], want["reduce_sum"], rtol=1e-12)
         if rank == 0:
