@@ -100,6 +100,9 @@ class Collectives:
                     for group, name in zip(groups, names)]  # fmt: skip
         for channel, group in zip(channels, groups):
             pieces = [bufs[i] for i in group]
+            if len(pieces) == 1:  # alone of its dtype: reduced where it is, no copies
+                await self._reduce_all(channel, pieces[0], _nothing, op)
+                continue
             starts = offsets([piece.numel for piece in pieces])
             packed = scratch_buffer(pieces[0].dtype, starts[-1])
             pack(packed, pieces, starts)

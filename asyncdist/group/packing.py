@@ -61,4 +61,5 @@ def describe_packed(op: str, dtype: str, sizes: Sequence[int], *, reduce: str | 
     e.g. ``all_reduce_coalesced(sum, float32[10] as 3 tensors, sizes 5c4e2b1a)``."""
     described = describe(op, reduce=reduce, dtype=dtype, shape=(sum(sizes),), per_rank=per_rank)
     checksum = zlib.crc32(",".join(map(str, sizes)).encode())
-    return replace(described, text=f"{described.text[:-1]} as {len(sizes)} tensors, sizes {checksum:08x})")
+    tensors = f"{len(sizes)} tensor{'' if len(sizes) == 1 else 's'}"
+    return replace(described, text=f"{described.text[:-1]} as {tensors}, sizes {checksum:08x})")

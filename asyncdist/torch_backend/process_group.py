@@ -132,7 +132,8 @@ class _TorchCalls:
             return Work.start(lambda: operation(group), f"{what} on group {group.name!r}", outputs,
                               rank=group.global_rank(group.rank))
 
-        run_now = (lambda: operation(group)) if opts is not None and not opts.asyncOp else None
+        waited_at_once = opts is not None and not getattr(opts, "asyncOp", True)  # (torch before 2.7 has none)
+        run_now = (lambda: operation(group)) if waited_at_once else None
         return started(self._portal, what, start, outputs, outputs if inputs is None else inputs, run_now)
 
     def _start_p2p(self, what: str, operation: Callable[[ProcessGroup], Work], outputs: list[Tensor]) -> TorchWork:

@@ -13,6 +13,7 @@ from typing import Iterator
 import pytest
 
 from asyncdist.errors import PeerLostError
+from asyncdist.loop import thread as loop_thread
 from asyncdist.loop.thread import LoopThread
 
 torch = pytest.importorskip("torch")
@@ -21,7 +22,9 @@ from asyncdist.torch_backend.work import TorchWork  # noqa: E402  (needs torch)
 
 
 @pytest.fixture
-def portal() -> Iterator[LoopThread]:
+def portal(monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopThread]:
+    # The daemon never takes the free loop for being idle: the call must find it free, however slow the machine.
+    monkeypatch.setattr(loop_thread, "IDLE_GRACE", 3600.0)
     thread = LoopThread("test-torch-work")
     yield thread
     thread.stop()
