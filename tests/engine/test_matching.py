@@ -93,6 +93,15 @@ class Model:
         self.posted = [r for r in self.posted if r not in taken]
         return {r.label for r in taken}
 
+    def stale(self, ctx: int, below: int) -> int | None:
+        # The earliest message of the lowest tag below ``below`` in ``ctx``.
+        old = [m for m in self.unexpected if m.ctx == ctx and m.tag < below]
+        if not old:
+            return None
+        taken = next(m for m in old if m.tag == min(o.tag for o in old))
+        self.unexpected.remove(taken)
+        return taken.label
+
 
 # -- the Matcher, driven as the engine drives it ----------------------------------------
 
@@ -129,9 +138,14 @@ class Driven:
         assert len(labels) == len(set(labels)), "a receive was returned twice"
         return set(labels)
 
+    def stale(self, ctx: int, below: int) -> int | None:
+        inbound = self.matcher.take_stale(ctx, below)
+        return None if inbound is None else inbound.data
 
-ctxs, tags = st.integers(0, 1), st.integers(0, 1)
+
+ctxs, tags = st.integers(0, 1), st.integers(0, 3)
 events = st.one_of(
+    st.tuples(st.just("stale"), ctxs, st.integers(0, 4)),
     st.tuples(st.just("post"), st.sampled_from([*RANKS, None]), tags, ctxs, st.frozensets(st.sampled_from(RANKS))),
     st.tuples(st.just("arrive"), st.sampled_from(RANKS), tags, ctxs),
     st.tuples(st.just("unpost"), st.integers(0, 60)),
@@ -155,6 +169,8 @@ def test_matcher_agrees_with_the_mpi_model(script: list[tuple]) -> None:
             assert driven.arrive(m) == model.arrive(m), (label, event)
         elif kind == "unpost":
             assert driven.unpost(event[1]) == model.unpost(event[1]), (label, event)
+        elif kind == "stale":
+            assert driven.stale(event[1], event[2]) == model.stale(event[1], event[2]), (label, event)
         else:
             assert driven.lose(event[1]) == model.lose(event[1]), (label, event)
         assert driven.matcher.pending_counts() == (len(model.posted), len(model.unexpected))
