@@ -269,7 +269,7 @@ def reduce_scatter(x: Issue, output: Any, input_list: Sequence[Any], op: Any) ->
 
 
 def reduce_scatter_tensor(x: Issue, output: Any, input: Any, op: Any) -> None:
-    r = _check_scatter(x, output, input, op, "input", "reduce_scatter_tensor")
+    r = _scatter_reduction(x, output, input, op, "input", "reduce_scatter_tensor")
     x.comm.reduceScatter(x.ptr(_send_buffer(x, r, input)), x.ptr(output), x.layout(output)[1] * r.parts, r.dtype,
                          r.op, x.handle)
     if r.post is not None:
@@ -278,7 +278,7 @@ def reduce_scatter_tensor(x: Issue, output: Any, input: Any, op: Any) -> None:
 
 def reduce_scatter_tensor_coalesced(x: Issue, outputs: Sequence[Any], inputs: Sequence[Any], op: Any) -> None:
     pairs = _pairs(outputs, inputs, "reduce_scatter_tensor_coalesced")
-    plans = [(out, inp, _check_scatter(x, out, inp, op, f"inputs[{i}]", "reduce_scatter_tensor_coalesced"))
+    plans = [(out, inp, _scatter_reduction(x, out, inp, op, f"inputs[{i}]", "reduce_scatter_tensor_coalesced"))
              for i, (out, inp) in enumerate(pairs)]
     sends = [_send_buffer(x, r, inp) for _, inp, r in plans]  # scaling kernels before the group
     with x.group():
@@ -289,8 +289,9 @@ def reduce_scatter_tensor_coalesced(x: Issue, outputs: Sequence[Any], inputs: Se
             x.adapter.scale_(out, r.post, x.stream)
 
 
-def _check_scatter(x: Issue, output: Any, input: Any, op: Any, name: str, what: str) -> Any:
-    """The reduction of a reduce-scatter of ``input`` into ``output``, once their layouts are checked."""
+def _scatter_reduction(x: Issue, output: Any, input: Any, op: Any, name: str, what: str) -> Any:
+    """The reduction of a reduce-scatter of ``input`` into ``output``, once their layouts are checked
+    (InvalidArgumentError naming ``name`` if they do not fit)."""
     (d_out, c_out), (d_in, c_in) = x.layout(output), x.layout(input)
     if d_out != d_in or c_in != c_out * x.size:
         raise InvalidArgumentError(f"{name} is {describe(d_in, (c_in,))}; {what} needs {x.size} x {describe(d_out, (c_out,))}")
