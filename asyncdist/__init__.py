@@ -37,12 +37,11 @@ from .facade.collectives import (
     all_gather_single,
     all_to_all,
     all_to_all_single,
-    barrier,
     broadcast,
     gather,
-    monitored_barrier,
     scatter,
 )
+from .facade.barriers import barrier, monitored_barrier
 from .facade.groups import (
     GroupMember,
     group,

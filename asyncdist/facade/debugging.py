@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import InvalidArgumentError
-from .collectives import barrier
+from .barriers import barrier
 from .lifecycle import Group, _member_and_portal, _world, get_rank
 
 __all__ = ["breakpoint", "record_comm", "dump_trace", "get_stats"]
