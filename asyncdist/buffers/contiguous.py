@@ -17,14 +17,14 @@ from .._torch import is_torch_tensor, torch_or_none
 from .host import HostBuffer, as_host_buffer, torch_layout_problem
 from ..errors import UnsupportedBufferError
 
-__all__ = ["staged", "Writeback"]
+__all__ = ["staged", "Writeback", "NO_WRITE_BACK"]
 
 Writeback = Callable[[], None]
 
 
-# The write-back of a buffer used in place: NoneType() returns None, a no-op
-# that is a C call (every collective calls its write-back).
-_nothing: Writeback = type(None)
+#: The write-back of a buffer used in place (or of a scratch buffer): NoneType()
+#: returns None, a no-op that is a C call (every collective calls its write-back).
+NO_WRITE_BACK: Writeback = type(None)
 
 
 def _is_non_contiguous(obj: Any) -> bool:
@@ -46,7 +46,7 @@ def staged(obj: Any, *, writable: bool, name: str = "tensor") -> tuple[HostBuffe
         UnsupportedBufferError: ``obj`` cannot be used at all (type, device).
     """
     try:
-        return as_host_buffer(obj, writable=writable, name=name), _nothing
+        return as_host_buffer(obj, writable=writable, name=name), NO_WRITE_BACK
     except UnsupportedBufferError:
         if not _is_non_contiguous(obj):
             raise
@@ -64,4 +64,4 @@ def staged(obj: Any, *, writable: bool, name: str = "tensor") -> tuple[HostBuffe
         def write_back() -> None:
             np.copyto(obj, array_copy)
 
-    return buf, (write_back if writable else _nothing)
+    return buf, (write_back if writable else NO_WRITE_BACK)

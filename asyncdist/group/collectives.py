@@ -23,7 +23,7 @@ from ..collectives.ring import even_slots, ring_all_gather, ring_reduce_scatter
 from ..errors import InvalidArgumentError
 from ..flight.descriptions import describe
 from ..reduce.op import ReduceOp
-from ..buffers.contiguous import Writeback, staged
+from ..buffers.contiguous import NO_WRITE_BACK, Writeback, staged
 from ..engine.channel import Channel
 from .calls import Calls
 from .packing import by_dtype, describe_packed, offsets, pack, unpack
@@ -42,10 +42,6 @@ def _same_layout(buffers: Sequence[HostBuffer], like: HostBuffer, what: str) -> 
 def _write_back(writebacks: Sequence[Writeback]) -> None:
     for write_back in writebacks:
         write_back()
-
-
-def _nothing() -> None:
-    """The write-back of a scratch buffer (a coalesced call's)."""
 
 
 class Collectives:
@@ -101,12 +97,12 @@ class Collectives:
         for channel, group in zip(channels, groups):
             pieces = [bufs[i] for i in group]
             if len(pieces) == 1:  # alone of its dtype: reduced where it is, no copies
-                await self._reduce_all(channel, pieces[0], _nothing, op)
+                await self._reduce_all(channel, pieces[0], NO_WRITE_BACK, op)
                 continue
             starts = offsets([piece.numel for piece in pieces])
             packed = scratch_buffer(pieces[0].dtype, starts[-1])
             pack(packed, pieces, starts)
-            await self._reduce_all(channel, packed, _nothing, op)
+            await self._reduce_all(channel, packed, NO_WRITE_BACK, op)
             unpack(packed, pieces, starts)
         _write_back([write_back for _, write_back in checked])
 

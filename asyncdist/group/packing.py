@@ -15,6 +15,7 @@ instead of mixing one tensor's elements into another's.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from dataclasses import replace
 from typing import Sequence
@@ -37,10 +38,7 @@ def by_dtype(buffers: Sequence[HostBuffer]) -> list[list[int]]:
 
 def offsets(sizes: Sequence[int]) -> list[int]:
     """Where each of consecutive pieces of ``sizes`` elements starts; one more: the total."""
-    starts = [0]
-    for size in sizes:
-        starts.append(starts[-1] + size)
-    return starts
+    return list(itertools.accumulate(sizes, initial=0))
 
 
 def pack(into: HostBuffer, pieces: Sequence[HostBuffer], starts: Sequence[int]) -> None:
