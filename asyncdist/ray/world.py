@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import inspect
 import secrets
+import time
 from typing import Any, Callable, Literal
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -61,7 +62,7 @@ class RayWorld:
             ObjectRef that rank 0 answered (Ray resolves it in each call it is passed to).
     """
 
-    def __init__(self, actors: list[Any], group: PlacementGroup, nodes: list[str]) -> None:
+    def __init__(self, actors: list[Any], group: PlacementGroup, nodes: list[str], timeout: float) -> None:
         self.actors = actors
         self.placement_group = group
         self.nodes = nodes
@@ -70,6 +71,8 @@ class RayWorld:
         self._known = list(actors)  # every handle that may be a member: the first ranks, then the rejoined
         self._changing = False  # a kill or rejoin happened: refresh after the next gather
         self._store_lost = False  # rank 0's actor, which serves the store, was killed by kill()
+        self._restarting: list[Any] = []  # actors kill() had restarted whose new instance rejoin() has not seen
+        self._timeout = timeout  # ray_world's: also how long rejoin() waits for a restarting actor
 
     @property
     def size(self) -> int:
@@ -123,6 +126,8 @@ class RayWorld:
         """
         self._changing = True
         self._store_lost |= self.actors[rank] is self._known[0]  # ray.kill returns before the actor is dead
+        if restart:
+            self._restarting.append(self.actors[rank])
         ray.kill(self.actors[rank], no_restart=not restart)
 
     def rejoin(self, actor: Any) -> ray.ObjectRef:
@@ -131,9 +136,16 @@ class RayWorld:
         ObjectRef to its rank in the grown group, ready once the ranks'
         function calls :func:`asyncdist.ray.grow` (e.g. ``min_joiners=1``).
 
+        Blocks until Ray has restarted the actor (at most the world's
+        ``timeout``): Ray fails, rather than queues, a call made while an
+        actor restarts, and :meth:`kill` returns before the old instance is gone.
+
         Raises:
             PeerLostError: rank 0's actor, which serves the store, died or was
                 restarted (its store went with it).
+            InvalidArgumentError: ``actor`` is alive in a world (not restarted).
+            RendezvousError: ``actor`` is dead (Ray will not restart it), or
+                still restarting after ``timeout``.
         """
         try:
             serving = not self._store_lost and ray.get(self._known[0].serves_store.remote())
@@ -142,10 +154,37 @@ class RayWorld:
         if not serving:
             raise PeerLostError("ray_world: rank 0's actor, which serves the world's store, died or was restarted: "
                                 "no actor can rejoin this world (keep rank 0 alive, or start a new world)", 0)
+        self._wait_until_restarted(actor)
         self._changing = True
         if not any(actor is known for known in self._known):
             self._known.append(actor)
         return actor.join.remote(self.address)
+
+    def _wait_until_restarted(self, actor: Any) -> None:
+        """Return once ``actor``'s restarted instance answers: one with no world."""
+        deadline = time.monotonic() + self._timeout
+        pause = 0.05
+        while True:
+            try:
+                membership = ray.get(actor.membership.remote(), timeout=max(deadline - time.monotonic(), 0.0))
+            except ActorUnavailableError:  # restarting (Ray answers at once), or the old instance dying
+                membership = ()
+            except RayActorError as exc:
+                raise RendezvousError(f"RayWorld.rejoin: the actor is dead and Ray will not restart it "
+                                      f"(is its max_restarts spent?): {exc}") from None
+            except GetTimeoutError:
+                raise RendezvousError(f"RayWorld.rejoin: the actor did not answer within {self._timeout:g} s") from None
+            if membership is None:
+                self._restarting = [a for a in self._restarting if a is not actor]
+                return
+            if membership and not any(actor is a for a in self._restarting):
+                rank, ids, _ = membership
+                raise InvalidArgumentError(f"RayWorld.rejoin: the actor is rank {rank} of a running world "
+                                           f"(job ids {list(ids)}); only an actor that Ray restarted can rejoin")
+            if time.monotonic() + pause > deadline:
+                raise RendezvousError(f"RayWorld.rejoin: the actor was still restarting after {self._timeout:g} s")
+            time.sleep(pause)  # Ray has no call that waits for a restart: look again shortly
+            pause = min(2 * pause, 1.0)
 
     def refresh(self) -> tuple[int, ...]:
         """Ask every actor for its rank in its current group (after a shrink or
@@ -167,7 +206,7 @@ class RayWorld:
         silent = self._ask(self._known, members, groups, settle=False)
         if len(groups) == 1 and len(members) < len(next(iter(groups))):
             # The members count in a newcomer whose join is still finishing: wait for it.
-            self._ask(silent, members, groups, settle=True)
+            silent = self._ask(silent, members, groups, settle=True)
         if len(groups) != 1 or sorted(members) != list(range(len(next(iter(groups))))):
             if strict:
                 raise RendezvousError(f"RayWorld.refresh: the live actors are not all in one group (ranks "
@@ -176,7 +215,7 @@ class RayWorld:
         self.actors = [members[r][0] for r in sorted(members)]
         self.nodes = [members[r][1] for r in sorted(members)]
         (self.ranks,) = groups
-        self._changing = False
+        self._changing = bool(silent)  # an actor with no world yet may be joining: look again next time
 
     @staticmethod
     def _ask(actors: list[Any], members: dict[int, tuple[Any, str]], groups: set[tuple[int, ...]],
@@ -279,7 +318,7 @@ def ray_world(
         ).remote(rank, n, secret, timeout, heartbeat, ray.util.get_node_ip_address)
         for rank in range(n)
     ]
-    world = RayWorld(actors, group, [])
+    world = RayWorld(actors, group, [], timeout)
     try:
         address = actors[0].serve_store.remote()  # an ObjectRef: Ray hands the value to each connect
         world.address = address  # rejoin() passes it on the same way

@@ -137,15 +137,19 @@ async def _grow(pg) -> tuple[int, tuple[int, ...]]:
 def test_survivors_shrink_and_a_restarted_actor_rejoins() -> None:
     with ray_world(N, heartbeat=HEARTBEAT, timeout=60, actor_options={"max_restarts": 1}) as world:
         first_pids = [pid for _, pid in world.run(_reduce_and_gather)[0][2]]
+        with pytest.raises(InvalidArgumentError, match="rank 1 of a running world"):
+            world.rejoin(world.actors[1])  # alive, never restarted
         restarted = world.actors[2]
         refs = world.submit(_survive, 5, stalls=2)
         world.kill(2, restart=True)
+        # At once, while Ray restarts it (Ray fails calls to a restarting actor): rejoin waits for
+        # the new instance; it registers through rank 0's store and waits for a grow ...
+        joined = world.rejoin(restarted)
         outcomes = world.gather(refs)
         assert isinstance(outcomes[2], PeerLostError) and outcomes[2].rank == 2
         assert outcomes[:2] == [(0, (0, 1), [3.0] * 5), (1, (0, 1), [3.0] * 5)]  # 1 + 2, five times
         assert world.ranks == (0, 1) and world.size == 2  # the driver follows the shrink
-        joined = world.rejoin(restarted)  # the restarted actor joins through rank 0's store ...
-        assert world.run(_grow) == [(0, (0, 1, 3)), (1, (0, 1, 3))]  # ... while the survivors grow
+        assert world.run(_grow) == [(0, (0, 1, 3)), (1, (0, 1, 3))]  # ... which the survivors make
         assert ray.get(joined) == 2
         assert world.ranks == (0, 1, 3) and world.actors[2] is restarted  # a new job id, the next rank
         expected = sum(_inputs(r) for r in range(N))
