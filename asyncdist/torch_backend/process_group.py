@@ -390,7 +390,17 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
 
 def _op(opts: AllreduceOptions | ReduceOptions | ReduceScatterOptions | None) -> Any:
     """The reduction of a torch ``*Options`` in asyncdist's terms (SUM when torch passed none)."""
-    return RedOpType.SUM if opts is None else own_op(opts.reduceOp)
+    if opts is None:
+        return RedOpType.SUM
+    torch_op: Any = opts.reduceOp  # (torch's stubs have no .op)
+    kind = _OWN_KINDS.get(int(torch_op.op))
+    return kind if kind is not None else own_op(torch_op)  # PREMUL_SUM: its factor too
+
+
+#: torch's plain reduction kinds by value, as asyncdist's: ``int()`` of torch's
+#: pybind enum is one C call, where hashing it or reading its name is several.
+_OWN_KINDS = {int(getattr(tdist.ReduceOp, kind.name)): kind for kind in RedOpType
+              if kind is not RedOpType.PREMUL_SUM and hasattr(tdist.ReduceOp, kind.name)}
 
 
 def _root(opts: BroadcastOptions | ReduceOptions | GatherOptions | ScatterOptions | None) -> int:

@@ -54,7 +54,6 @@ deadlock).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -65,7 +64,7 @@ import torch.distributed as tdist
 
 from .._torch import torch_future
 from ..engine.progress import Awaited
-from ..group.work import Work
+from ..group.work import Work, completed_future
 from ..loop.thread import LoopThread
 
 __all__ = ["TorchWork", "COMPLETIONS"]
@@ -93,14 +92,12 @@ class TorchWork(tdist.Work):
         super().__init__()
         self._outputs = outputs
         self._portal = portal
-        self._work: Work | None = None
         self._start_error: BaseException | None = None
         # Set once started (or failed to start); None for a Work made started.
         self._bound: threading.Event | None = threading.Event() if work is None else None
         self._lock = threading.Lock()  # _future's creation against _bind
         self._future: Any = None  # made by the first get_future()
-        if work is not None:
-            self._bind(work)
+        self._work: Work | None = work  # bound already: no other thread knows of this TorchWork yet
 
     @classmethod
     def post(cls, portal: LoopThread, start: Callable[[], Work], outputs: list) -> TorchWork:
@@ -124,7 +121,14 @@ class TorchWork(tdist.Work):
         posted start, a wake-up of the daemon and a Task would cost more than
         the operation between two ranks, and there is nothing to overlap.
         """
-        return cls(portal.run(_completed(operation, op, outputs), what=op), outputs)
+        try:
+            value = portal.run(operation(), what=op)
+        except Exception as error:  # wait() raises it, as for a started operation
+            work = cls(None, outputs)
+            work._fail_start(error)
+            return work
+        # A done future, made here: nothing of it ever runs on the loop.
+        return cls(Work(completed_future(portal.loop, value), op, outputs), outputs)
 
     def post_start(self, start: Callable[[], Work]) -> TorchWork:
         """:meth:`post` for a TorchWork made without its Work (``work=None``): bind
@@ -249,16 +253,6 @@ class TorchWork(tdist.Work):
         for the operation on the host first); nothing for CPU tensors."""
         if any(getattr(tensor, "is_cuda", False) for tensor in self._outputs):
             self.wait()
-
-
-async def _completed(operation: Callable[[], Coroutine[Any, Any, Any]], op: str, outputs: list) -> Work:
-    """Await ``operation()``; return a completed Work holding its value or its error."""
-    future = asyncio.get_running_loop().create_future()
-    try:
-        future.set_result(await operation())
-    except Exception as error:  # wait() raises it, as for a started operation
-        future.set_exception(error)
-    return Work(future, op, outputs)
 
 
 def _complete_from(work: Work, handed: Any, *, here: bool) -> None:
