@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
 import torch
 import torch.distributed as tdist
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, WrongThreadError
 from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
@@ -376,14 +376,24 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
     def shutdown(self) -> None:
         """Close the asyncdist group: peers still waiting on this rank get
         PeerLostError ("closed its process group"). torch's
-        ``destroy_process_group`` calls it; idempotent."""
+        ``destroy_process_group`` calls it; idempotent.
+
+        Raises:
+            WrongThreadError: called on the backend's loop thread (in a
+                coroutine or callback of asyncdist's); nothing was closed.
+        """
         on_shutdown, self._on_shutdown = self._on_shutdown, None
         if on_shutdown is None:
             return
         try:
             self._portal.run(self._group.close(), what="destroy_process_group()")
-        finally:
+        except WrongThreadError:
+            self._on_shutdown = on_shutdown  # refused before anything closed: still open, still to shut down
+            raise
+        except BaseException:
             on_shutdown(self)
+            raise
+        on_shutdown(self)
 
     abort = shutdown
 

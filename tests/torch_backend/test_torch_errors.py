@@ -83,3 +83,22 @@ def test_a_dead_peer_surfaces_in_ddp_and_in_work_wait_naming_the_rank(tmp_path: 
     assert "PeerLostError" in got["ddp"] and "rank 1" in got["ddp"], got["ddp"]
     message, lost = got["wait"]
     assert lost == 1 and "rank 1" in message
+
+
+def test_a_shutdown_refused_on_the_loop_thread_leaves_the_group_open_until_shut_down_elsewhere() -> None:
+    from asyncdist.errors import WrongThreadError
+    from asyncdist.torch_backend.backend import create_group
+
+    group = create_group(dist.HashStore(), 0, 1, timedelta(seconds=30), group_name="solo", store_prefix="solo")
+    closed: list = []
+    group._group.on_close(lambda: closed.append(True))
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    with pytest.raises(WrongThreadError, match="destroy_process_group"):
+        group._portal.call(group.shutdown)  # in asyncdist's own loop: refused before anything closes
+    x = torch.arange(3.0)
+    group.allreduce([x], opts).wait()  # still open: a sum over one rank
+    assert x.tolist() == [0.0, 1.0, 2.0] and closed == []
+    group.shutdown()  # from this thread: closed now, once
+    group.shutdown()
+    assert closed == [True]
