@@ -54,8 +54,13 @@ _ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 logger = logging.getLogger("asyncdist.store")
 
 
-# The probe of an unreachable store retries after 50 ms, doubling up to 1 s.
-_PROBE_FIRST_SECONDS, _PROBE_MAX_SECONDS = 0.05, 1.0
+# The probe of an unreachable store retries after 2 ms, doubling up to 1 s: a
+# rank that starts a moment before rank 0's store listens (ranks started
+# together, or a destroy_process_group then init_process_group on one port)
+# waits about as long as it was early, not a first 50 ms; a refused probe of
+# this host costs some 50 us, and a store that stays away is probed once a
+# second after the first 2 s.
+_PROBE_FIRST_SECONDS, _PROBE_MAX_SECONDS = 0.002, 1.0
 # How long a process with an impossible rank tries to reach the store to tell
 # the other ranks, before it raises its error all the same.
 _REFUSAL_CONNECT_SECONDS = 3.0
