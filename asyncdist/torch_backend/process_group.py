@@ -40,7 +40,7 @@ callbacks of the Works' futures run on other threads (see :mod:`.work`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Sequence
 
 import torch
 import torch.distributed as tdist
@@ -49,7 +49,7 @@ from ..errors import InvalidArgumentError, WrongThreadError
 from ..loop.thread import LoopThread
 from ..group.process_group import ProcessGroup
 from ..group.work import Work
-from ..reduce.op import RedOpType, own_op
+from . import arguments
 from .profiled_work import started
 from .sparse import all_reduce_sparse
 from .work import TorchWork
@@ -83,21 +83,6 @@ DEVICES = ["cpu", "cuda"]
 _SHRINK_ABORT = 0x01
 
 Operation = Callable[[ProcessGroup], Coroutine[Any, Any, Any]]
-_T = TypeVar("_T")
-
-
-def _one(tensors: Sequence[_T], what: str) -> _T:
-    """torch passes a list of one tensor per call (a list per device, once)."""
-    if len(tensors) != 1:
-        raise InvalidArgumentError(f"{what} takes one tensor per call on the asyncdist backend, got {len(tensors)}")
-    return tensors[0]
-
-
-def _splits(sizes: Sequence[int]) -> list[int] | None:
-    """torch's empty split list means "split evenly"; asyncdist's is None."""
-    return list(sizes) if len(sizes) else None
-
-
 class _TorchCalls:
     """The operations, in the one calling convention torch.distributed uses:
     a list of tensors and an ``*Options`` struct (see the module docstring).
@@ -144,27 +129,27 @@ class _TorchCalls:
     # -- collectives ------------------------------------------------------------
 
     def allreduce(self, tensors: list[Tensor], opts: AllreduceOptions | None = None) -> TorchWork:
-        tensor, op = _one(tensors, "allreduce"), _op(opts)
+        tensor, op = arguments.one(tensors, "allreduce"), arguments.op(opts)
         if tensor.layout == torch.sparse_coo:  # summed as gloo sums them (.sparse)
             return self._start("all_reduce", lambda g: all_reduce_sparse(g, tensor, op), [tensor], opts=opts)
         return self._start("all_reduce", lambda g: g.all_reduce(tensor, op), [tensor], opts=opts)
 
     def allreduce_coalesced(self, tensors: list[Tensor], opts: AllreduceCoalescedOptions | None = None) -> TorchWork:
-        op = _op(opts)
+        op = arguments.op(opts)
         return self._start("all_reduce_coalesced", lambda g: g.all_reduce_coalesced(tensors, op), list(tensors),
                            opts=opts)
 
     def broadcast(self, tensors: list[Tensor], opts: BroadcastOptions | None = None) -> TorchWork:
-        tensor, root = _one(tensors, "broadcast"), _root(opts)
+        tensor, root = arguments.one(tensors, "broadcast"), arguments.root(opts)
         return self._start("broadcast", lambda g: g.broadcast(tensor, root), [tensor], opts=opts)
 
     def reduce(self, tensors: list[Tensor], opts: ReduceOptions | None = None) -> TorchWork:
-        tensor, root, op = _one(tensors, "reduce"), _root(opts), _op(opts)
+        tensor, root, op = arguments.one(tensors, "reduce"), arguments.root(opts), arguments.op(opts)
         return self._start("reduce", lambda g: g.reduce(tensor, root, op), [tensor], opts=opts)
 
     def allgather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                   opts: AllgatherOptions | None = None) -> TorchWork:
-        outputs, tensor = _one(output_tensors, "allgather"), _one(input_tensors, "allgather")
+        outputs, tensor = arguments.one(output_tensors, "allgather"), arguments.one(input_tensors, "allgather")
         return self._start("all_gather", lambda g: g.all_gather(outputs, tensor), list(outputs), [tensor],
                            opts=opts)
 
@@ -196,33 +181,34 @@ class _TorchCalls:
 
     def gather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                opts: GatherOptions | None = None) -> TorchWork:
-        tensor, root = _one(input_tensors, "gather"), _root(opts)
+        tensor, root = arguments.one(input_tensors, "gather"), arguments.root(opts)
         gather_list = output_tensors[0] if output_tensors else None  # only the root has a list
         return self._start("gather", lambda g: g.gather(tensor, gather_list, root), list(gather_list or []), [tensor],
                            opts=opts)
 
     def scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                 opts: ScatterOptions | None = None) -> TorchWork:
-        tensor, root = _one(output_tensors, "scatter"), _root(opts)
+        tensor, root = arguments.one(output_tensors, "scatter"), arguments.root(opts)
         scatter_list = input_tensors[0] if input_tensors else None  # only the root has a list
         return self._start("scatter", lambda g: g.scatter(tensor, scatter_list, root), [tensor], scatter_list or [],
                            opts=opts)
 
     def reduce_scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                        opts: ReduceScatterOptions | None = None) -> TorchWork:
-        output, inputs, op = _one(output_tensors, "reduce_scatter"), _one(input_tensors, "reduce_scatter"), _op(opts)
+        output, inputs = arguments.one(output_tensors, "reduce_scatter"), arguments.one(input_tensors, "reduce_scatter")
+        op = arguments.op(opts)
         return self._start("reduce_scatter", lambda g: g.reduce_scatter(output, inputs, op), [output], inputs,
                            opts=opts)
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor,
                               opts: ReduceScatterOptions | None = None) -> TorchWork:
-        op = _op(opts)
+        op = arguments.op(opts)
         return self._start("reduce_scatter_tensor", lambda g: g.reduce_scatter_tensor(output, input, op), [output],
                            [input], opts=opts)
 
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: ReduceScatterOptions | None = None) -> TorchWork:
-        op = _op(opts)
+        op = arguments.op(opts)
         return self._start(
             "reduce_scatter_tensor_coalesced",
             lambda g: g.reduce_scatter_tensor_coalesced(outputs, inputs, op),
@@ -231,7 +217,7 @@ class _TorchCalls:
 
     def all_to_all_single(self, output: Tensor, input: Tensor, output_split_sizes: Sequence[int],
                           input_split_sizes: Sequence[int], opts: AllToAllOptions | None = None) -> TorchWork:
-        out_splits, in_splits = _splits(output_split_sizes), _splits(input_split_sizes)
+        out_splits, in_splits = arguments.splits(output_split_sizes), arguments.splits(input_split_sizes)
         return self._start(
             "all_to_all_single", lambda g: g.all_to_all_single(output, input, out_splits, in_splits), [output], [input],
             opts=opts,
@@ -255,15 +241,15 @@ class _TorchCalls:
     # -- point to point ---------------------------------------------------------
 
     def send(self, tensors: list[Tensor], dst: int, tag: int) -> TorchWork:
-        tensor = _one(tensors, "send")
+        tensor = arguments.one(tensors, "send")
         return self._start_p2p("send", lambda g: g.isend(tensor, dst, tag), [tensor])
 
     def recv(self, tensors: list[Tensor], src: int, tag: int) -> TorchWork:
-        tensor = _one(tensors, "recv")
+        tensor = arguments.one(tensors, "recv")
         return self._start_p2p("recv", lambda g: g.irecv(tensor, src, tag), [tensor])
 
     def recv_anysource(self, tensors: list[Tensor], tag: int) -> TorchWork:
-        tensor = _one(tensors, "recv")
+        tensor = arguments.one(tensors, "recv")
         return self._start_p2p("recv_anysource", lambda g: g.irecv(tensor, None, tag), [tensor])
 
 
@@ -396,23 +382,3 @@ class AsyncdistProcessGroup(_TorchCalls, tdist.ProcessGroup):  # type: ignore[mi
         on_shutdown(self)
 
     abort = shutdown
-
-
-def _op(opts: AllreduceOptions | ReduceOptions | ReduceScatterOptions | None) -> Any:
-    """The reduction of a torch ``*Options`` in asyncdist's terms (SUM when torch passed none)."""
-    if opts is None:
-        return RedOpType.SUM
-    torch_op: Any = opts.reduceOp  # (torch's stubs have no .op)
-    kind = _OWN_KINDS.get(int(torch_op.op))
-    return kind if kind is not None else own_op(torch_op)  # PREMUL_SUM: its factor too
-
-
-#: torch's plain reduction kinds by value, as asyncdist's: ``int()`` of torch's
-#: pybind enum is one C call, where hashing it or reading its name is several.
-_OWN_KINDS = {int(getattr(tdist.ReduceOp, kind.name)): kind for kind in RedOpType
-              if kind is not RedOpType.PREMUL_SUM and hasattr(tdist.ReduceOp, kind.name)}
-
-
-def _root(opts: BroadcastOptions | ReduceOptions | GatherOptions | ScatterOptions | None) -> int:
-    """The root (a group rank) of a torch ``*Options``."""
-    return 0 if opts is None else opts.rootRank
