@@ -2,9 +2,12 @@
 
 N worker processes on this host train :mod:`~asyncdist.bench.chaos_model`'s
 MLP (batch ``s`` drawn from step ``s``) for a fixed wall time. Every K
-seconds a seeded schedule SIGKILLs a random member (never the last one,
-never the slot killed just before) and starts a replacement process at once.
-Each path runs twice, with and without the kills, and reports:
+seconds (the first after K/2) a seeded schedule SIGKILLs a random member
+(never the last one, never the slot killed just before) and starts a
+replacement process at once. Each path runs with and without the kills, in
+``--rounds`` alternating parts (with, without; then without, with; ...), so
+that a machine whose speed drifts over minutes weighs on both alike; the
+parts' steps and seconds add up. It reports:
 
 * steps per second with faults, and the share kept of the fault-free run's;
 * per kill, from the signal (``time.monotonic()``, one clock for every process of
@@ -41,7 +44,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any, Sequence
 
 import numpy as np
@@ -54,16 +57,20 @@ __all__ = ["Options", "PathResult", "PATHS", "available", "run_path", "run", "ma
 #: The paths, in the order they run: (a), (b), (c).
 PATHS = ("asyncdist", "torchft-asyncdist", "torchft-gloo")
 
+#: Seconds a run waits past its end for its kills to be recovered from (``--settle``), then for its workers to finish.
+_PATIENCE = 120.0
+
 
 @dataclass
 class Options:
     """What one chaos run does (the command line's flags)."""
 
     ranks: int = 8
-    duration: float = 180.0
+    duration: float = 180.0  # seconds of training with faults, over all rounds
+    rounds: int = 3  # the runs with and without faults alternate in this many parts each
     interval: float = 10.0
     kills: int | None = None  # at most this many kills per run (None: no limit)
-    baseline: float | None = None  # the fault-free run's wall time (None: ``duration``; 0: no such run)
+    baseline: float | None = None  # the fault-free runs' wall time (None: ``duration``; 0: no such run)
     seed: int = 0
     settle: bool = False
     timeout: float = 10.0  # torchft: the Manager's (and so its process group's) timeout
@@ -96,6 +103,14 @@ class Run:
     @property
     def rate(self) -> float:
         return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+    @classmethod
+    def joined(cls, parts: Sequence[Run]) -> Run:
+        """The parts of one path's run (its rounds) as one run: their steps and seconds add up."""
+        return cls(sum(p.steps for p in parts), sum(p.seconds for p in parts),
+                   [k for p in parts for k in p.kills], [t for p in parts for t in p.startups],
+                   [t for p in parts for t in p.admissions], [w for p in parts for w in p.weights],
+                   [pid for p in parts for pid in p.pids])
 
 
 @dataclass
@@ -147,7 +162,7 @@ class _Driver:
         self.cluster.tell_all("go")
         t0 = time.monotonic()
         rng = random.Random(opts.seed)
-        next_kill, end = t0 + opts.interval, t0 + duration
+        next_kill, end = t0 + opts.interval / 2, t0 + duration
         last_slot, stop_at = -1, None
         while stop_at is None or not self._finished():
             now = time.monotonic()
@@ -157,13 +172,16 @@ class _Driver:
             if stop_at is None and now >= end and settled and not owed:
                 self.cluster.tell_all("stop")
                 stop_at = now
-            elif stop_at is not None and now > stop_at + 120.0:
-                raise RuntimeError(f"{self.cluster.path}: the workers did not finish within 120 s of 'stop'")
+            elif stop_at is not None and now > stop_at + _PATIENCE:
+                raise RuntimeError(f"{self.cluster.path}: the workers did not finish within {_PATIENCE:g} s of 'stop'")
+            elif stop_at is None and now > end + _PATIENCE:
+                raise RuntimeError(f"{self.cluster.path}: {self._unsettled()}, {_PATIENCE:g} s after the run's end")
             if (self.faults and stop_at is None and now >= next_kill and settled and len(self.members) >= 2
                     and (opts.kills is None or len(self.kills) < opts.kills)):
                 last_slot = self._kill(rng, last_slot)
                 next_kill = max(next_kill + opts.interval, now)
-            self._next(min(next_kill if self.faults else end, end, now + 0.5) if stop_at is None else now + 1.0)
+            deadlines = [t for t in (end, next_kill if self.faults else end) if t > now and stop_at is None]
+            self._next(min([*deadlines, now + 0.5]))
         t_end = min(t for _, t, _ in self.done.values())
         weights = [(steps, np.load(out)) for steps, _, out in self.done.values()]
         return Run(max(steps for steps, _ in weights), t_end - t0, [k for *_, k in self._measured()],
@@ -229,23 +247,51 @@ class _Driver:
         """Every kill so far recovered from, and every replacement admitted."""
         return not self.waiting and all(k.recovery is not None for *_, k in self._measured())
 
+    def _unsettled(self) -> str:
+        """What the run still waits for, in words."""
+        lost = [f"slot {k.slot}" for *_, k in self._measured() if k.recovery is None]
+        waits = ([f"the kill of {', '.join(lost)} not recovered from"] if lost else []) + (
+            [f"{len(self.waiting)} replacement(s) not admitted"] if self.waiting else [])
+        return " and ".join(waits)
+
     def close(self) -> None:
         self.cluster.close()
         shutil.rmtree(self.cluster.folder, ignore_errors=True)
 
 
-def run_path(path: str, opts: Options, faults: bool) -> Run:
-    """One run of ``path``; every process it started is killed and reaped before it returns.
+def run_path(path: str, opts: Options, faults: bool, duration: float) -> Run:
+    """One run of ``path`` for ``duration`` seconds; every process it started is killed and reaped before it returns.
 
     Raises:
         RuntimeError: a worker exited before it finished, or the run did not end.
     """
-    duration = opts.duration if faults or opts.baseline is None else opts.baseline
     driver = _Driver(path, opts, faults)
     try:
         return driver.run(duration)
     finally:
         driver.close()
+
+
+def run_rounds(path: str, opts: Options, log: IO[str]) -> tuple[Run, Run | None]:
+    """``path``'s runs with faults and without, in ``opts.rounds`` alternating parts each.
+
+    ``--kills`` bounds the kills of all the parts together.
+    """
+    clean_seconds = opts.duration if opts.baseline is None else opts.baseline
+    faulty: list[Run] = []
+    clean: list[Run] = []
+    for i in range(opts.rounds):
+        for faults in ((True, False) if i % 2 == 0 else (False, True)):
+            if not faults and clean_seconds == 0:
+                continue
+            print(f"chaos: {path}: round {i + 1} of {opts.rounds}, {'with' if faults else 'without'} faults ...",
+                  file=log, flush=True)
+            if faults:
+                left = None if opts.kills is None else opts.kills - sum(len(p.kills) for p in faulty)
+                faulty.append(run_path(path, replace(opts, kills=left), True, opts.duration / opts.rounds))
+            else:
+                clean.append(run_path(path, opts, False, clean_seconds / opts.rounds))
+    return Run.joined(faulty), Run.joined(clean) if clean else None
 
 
 def run(paths: Sequence[str], opts: Options, log: IO[str] = sys.stderr) -> list[PathResult]:
@@ -256,10 +302,7 @@ def run(paths: Sequence[str], opts: Options, log: IO[str] = sys.stderr) -> list[
         if result.missing is None:
             print(f"chaos: {path}: {opts.ranks} ranks, a kill every {opts.interval:g} s for {opts.duration:g} s ...",
                   file=log, flush=True)
-            result.faulty = run_path(path, opts, faults=True)
-            if opts.baseline != 0:
-                print(f"chaos: {path}: the same with no fault ...", file=log, flush=True)
-                result.clean = run_path(path, opts, faults=False)
+            result.faulty, result.clean = run_rounds(path, opts, log)
         results.append(result)
     counts = sorted({steps for r in results for run_ in (r.faulty, r.clean) if run_ for steps, _ in run_.weights})
     if counts:
@@ -341,7 +384,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="seconds of training per run (default 180; 3 with --ci)")
     p.add_argument("--interval", type=float, help="seconds between kills (default 10; 1 with --ci)")
     p.add_argument("--kills", type=int, help="at most this many kills per run (default: no limit; 2 with --ci)")
-    p.add_argument("--baseline", type=float, help="seconds of the fault-free run (default: --duration; 0: none)")
+    p.add_argument("--baseline", type=float, help="seconds of the fault-free runs (default: --duration; 0: none)")
+    p.add_argument("--rounds", type=int,
+                   help="the runs with and without faults alternate in this many parts each (default 3; 1 with --ci)")
     p.add_argument("--seed", type=int, default=0, help="the kill schedule's and the model's seed (default 0)")
     p.add_argument("--settle", action="store_true", default=None,
                    help="kill only once the previous kill recovered and its replacement was admitted")
@@ -356,14 +401,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 def options(args: argparse.Namespace) -> Options:
     """The :class:`Options` of parsed flags (``--ci`` fills those not given)."""
-    preset: dict[str, Any] = {"ranks": 3, "duration": 3.0, "interval": 1.0, "kills": 2, "settle": True} if args.ci else {}
+    preset: dict[str, Any] = ({"ranks": 3, "duration": 3.0, "interval": 1.0, "kills": 2, "settle": True, "rounds": 1}
+                              if args.ci else {})
     defaults = Options()
 
     def pick(name: str) -> Any:
         value = getattr(args, name)
         return value if value is not None else preset.get(name, getattr(defaults, name))
 
-    return Options(ranks=pick("ranks"), duration=pick("duration"), interval=pick("interval"), kills=pick("kills"),
+    return Options(ranks=pick("ranks"), duration=pick("duration"), rounds=pick("rounds"), interval=pick("interval"),
+                   kills=pick("kills"),
                    baseline=args.baseline, seed=args.seed, settle=bool(pick("settle")), timeout=args.timeout,
                    heartbeat_ms=args.heartbeat_ms, model=Model(hidden=args.hidden, seed=args.seed))
 
@@ -375,13 +422,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m asyncdist.ben
     if opts.ranks < 2:
         print(f"{prog}: --ranks must be at least 2 (a kill leaves one member at least)", file=sys.stderr)
         return 2
+    if opts.rounds < 1:
+        print(f"{prog}: --rounds must be at least 1", file=sys.stderr)
+        return 2
     try:
         results = run(args.paths, opts)
     except RuntimeError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     command = " ".join([prog, *(argv if argv is not None else sys.argv[1:])])
-    print(f"{command}\n\n{opts.ranks} ranks, a kill every {opts.interval:g} s, {opts.duration:g} s per run; "
+    print(f"{command}\n\n{opts.ranks} ranks, a kill every {opts.interval:g} s, {opts.duration:g} s with faults and "
+          f"{opts.duration if opts.baseline is None else opts.baseline:g} s without, in {opts.rounds} alternating "
+          f"rounds; "
           f"times from the SIGKILL; start-up from a replacement's start, admission from then\n")
     print("\n".join(table(results, opts)))
     if args.json:

@@ -27,7 +27,9 @@ The paths:
 * ``torchft-gloo`` / ``torchft-asyncdist``: torchft's ``Manager`` (quorum by
   the driver's lighthouse, healing by checkpoint transfer) over the process
   group that :data:`PROCESS_GROUPS` makes; a step commits where
-  ``should_commit()`` says so, and is redone otherwise.
+  ``should_commit()`` says so, and is redone otherwise. A survivor has
+  ``recovered`` at its first step committed in a new quorum (or after a
+  failed one).
 """
 
 from __future__ import annotations
@@ -251,10 +253,11 @@ def train_torchft(model: Model, out: str, replacement: bool, orders: Orders, mak
         else:
             emit("ready", gid=replica_id)
             orders.go.wait()
-        joined, failed, last = not replacement, False, 0
+        joined, failed, last, last_quorum = not replacement, False, 0, None
         while True:
             manager.start_quorum()
             rank, size = manager.participating_rank(), manager.num_participants()
+            quorum = manager._quorum_id  # torchft 0.2.0 has no public name for the quorum in use
             if failed:
                 emit("shrunk", size=size)
             cells = np.concatenate([grad(model, state["params"], manager.current_step(),
@@ -268,9 +271,11 @@ def train_torchft(model: Model, out: str, replacement: bool, orders: Orders, mak
             apply(model, state["params"], cells[:-1])
             if not joined:
                 emit("admitted", gid=replica_id)
-            elif failed or size < last:
+            elif failed or size < last or quorum != last_quorum:
+                # a new quorum that commits leaves a killed replica out, or has its replacement in
+                # its place: a survivor whose own step never failed has recovered too
                 emit("recovered", size=size, step=manager.current_step())
-            joined, failed, last = True, False, size
+            joined, failed, last, last_quorum = True, False, size, quorum
             if cells[-1] > 0:
                 break
         _save(out, state["params"], manager.current_step())

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import io
 import os
+import queue
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from asyncdist.bench import chaos
+from asyncdist.bench import chaos, chaos_cluster as cluster
 from asyncdist.bench.chaos_model import Model, apply, grad, matches, references
 
 
@@ -28,7 +31,7 @@ def _gone(pid: int) -> bool:
 
 
 def _chaos(path: str, ranks: int) -> chaos.PathResult:
-    opts = chaos.Options(ranks=ranks, duration=0.5, interval=0.2, kills=2, settle=True, baseline=0, seed=3,
+    opts = chaos.Options(ranks=ranks, duration=0.5, rounds=1, interval=0.2, kills=2, settle=True, baseline=0, seed=3,
                          model=Model(hidden=16, seed=3))
     [result] = chaos.run([path], opts, log=io.StringIO())
     run = result.faulty
@@ -103,7 +106,75 @@ def test_path_b_is_not_available_when_asyncdist_torchft_does_not_import(monkeypa
 def test_ci_flags_fill_what_is_not_given():
     parser = chaos.build_parser("chaos")
     opts = chaos.options(parser.parse_args(["--ci", "--ranks", "4"]))
-    assert (opts.ranks, opts.kills, opts.settle, opts.duration) == (4, 2, True, 3.0)
+    assert (opts.ranks, opts.kills, opts.settle, opts.duration, opts.rounds) == (4, 2, True, 3.0, 1)
     opts = chaos.options(parser.parse_args([]))
-    assert (opts.ranks, opts.kills, opts.settle, opts.interval, opts.duration) == (8, None, False, 10.0, 180.0)
+    assert (opts.ranks, opts.kills, opts.settle, opts.interval, opts.duration, opts.rounds) == (
+        8, None, False, 10.0, 180.0, 3)
     assert parser.parse_args(["--paths", "a,c"]).paths == ["asyncdist", "torchft-gloo"]
+
+
+def test_rounds_alternate_and_add_up(monkeypatch):
+    calls = []
+
+    def fake_run(path, opts, faults, duration):
+        calls.append((faults, duration, opts.kills))
+        kills = [chaos.Kill(slot=0)] * (1 if faults else 0)
+        return chaos.Run(steps=100 if faults else 120, seconds=duration, kills=kills, startups=[0.5] * len(kills),
+                         admissions=[], weights=[(100, np.zeros(1))], pids=[len(calls)])
+
+    monkeypatch.setattr(chaos, "run_path", fake_run)
+    opts = chaos.Options(duration=90.0, baseline=60.0, rounds=3, kills=2)
+    faulty, clean = chaos.run_rounds("asyncdist", opts, log=io.StringIO())
+    # with, without; without, with; with, without: a drift over the run weighs on both alike
+    assert [faults for faults, _, _ in calls] == [True, False, False, True, True, False]
+    assert [d for f, d, _ in calls if f] == [30.0] * 3 and [d for f, d, _ in calls if not f] == [20.0] * 3
+    assert [k for f, _, k in calls if f] == [2, 1, 0]  # --kills bounds all the parts together
+    assert (faulty.steps, faulty.seconds, len(faulty.kills), faulty.pids) == (300, 90.0, 3, [1, 4, 5])
+    assert (clean.steps, clean.seconds, clean.rate) == (360, 60.0, 6.0)
+
+
+class _Worker(SimpleNamespace):
+    __eq__, __hash__ = object.__eq__, object.__hash__  # a worker is a process: compared by identity
+
+
+class _SilentCluster:
+    """A cluster whose workers start and are replaced, but whose survivors never report a recovery."""
+
+    def __init__(self, path, model_json, timeout, heartbeat_ms):
+        self.path, self.folder, self.workers = path, "/nonexistent", []
+        self.events = queue.Queue()
+
+    def _worker(self, slot):
+        worker = _Worker(slot=slot, started=time.monotonic(), proc=SimpleNamespace(pid=0, returncode=None))
+        self.workers.append(worker)
+        return worker
+
+    def start(self, n):
+        for slot in range(n):
+            self.events.put(cluster.Event(self._worker(slot), {"event": "ready", "t": time.monotonic()}))
+
+    def kill(self, worker):
+        return time.monotonic()
+
+    def replace(self, dead):
+        worker = self._worker(dead.slot)
+        for name in ("joining", "admitted"):
+            self.events.put(cluster.Event(worker, {"event": name, "t": time.monotonic()}))
+        return worker
+
+    def tell_all(self, line):
+        pass
+
+    def announce(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_a_kill_never_recovered_from_fails_the_run_instead_of_waiting_forever(monkeypatch):
+    monkeypatch.setattr(chaos, "Cluster", _SilentCluster)
+    monkeypatch.setattr(chaos, "_PATIENCE", 0.5)
+    opts = chaos.Options(ranks=2, duration=0.1, rounds=1, interval=0.05, kills=1, settle=True, baseline=0)
+    with pytest.raises(RuntimeError, match=r"the kill of slot \d not recovered from, 0.5 s after the run's end"):
+        chaos.run_path("torchft-asyncdist", opts, faults=True, duration=opts.duration)
