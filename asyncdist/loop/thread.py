@@ -72,7 +72,7 @@ from typing import Any, Callable, Coroutine
 
 from .. import settings
 from . import exits as loop_exits
-from ..errors import WrongThreadError
+from ..errors import ClosedError, WrongThreadError
 from ..gpu.callers import caller_context
 from .asyncio_internals import running_loop_or_none
 from ..transport.spinning import forbid_spinning_here, spin_seconds
@@ -249,8 +249,11 @@ class LoopThread:
 
     # -- running work ---------------------------------------------------------
 
-    def _hand_over(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    def _hand_over(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
         """Run ``coro`` on the loop in whichever thread runs it, and wait here."""
+        if self.loop.is_closed():
+            coro.close()
+            raise _stopped(what)
         slot = _Slot()
 
         def finish(task: asyncio.Task) -> None:
@@ -281,6 +284,7 @@ class LoopThread:
 
         Raises:
             WrongThreadError: called from a coroutine running on this loop.
+            ClosedError: the loop was stopped (:meth:`stop`).
         """
         running = running_loop_or_none()
         if running is None and self._caller_runs and self._running_here.acquire(False):
@@ -288,7 +292,7 @@ class LoopThread:
             self._owner = threading.get_ident()  # before the check: stop() waits for an owner it sees
             if self._stopping:
                 self._release()
-                return self._hand_over(coro)
+                return self._hand_over(coro, what)
             return self._drive(coro, caller_context() if capture_streams else None)
         if running is self.loop:
             coro.close()
@@ -296,7 +300,7 @@ class LoopThread:
                 f"{what} is a blocking call and was made on asyncdist's event loop thread; "
                 "inside coroutines use the await API (asyncdist.init_world / ProcessGroup)"
             )
-        return self._hand_over(coro)  # taken, or this thread runs a loop of its own
+        return self._hand_over(coro, what)  # taken, or this thread runs a loop of its own
 
     def _drive(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context | None = None) -> Any:
         """Run ``coro`` on the loop, which this thread has taken, then let the loop go.
@@ -346,7 +350,7 @@ class LoopThread:
 
         return self.run(_invoke(begin, ()), what, capture_streams=True)
 
-    def post(self, fn: Callable[[], Any]) -> None:
+    def post(self, fn: Callable[[], Any], what: str = "this call") -> None:
         """Run ``fn()`` on the loop without waiting for it (any thread but the loop's).
 
         In this thread at once if the loop is free, else in whichever thread
@@ -355,6 +359,9 @@ class LoopThread:
         returns what :meth:`start`'s function does (Works, whose operations
         keep the loop running until done) and must not raise: it reports
         its own errors (the torch backend fails the operation's Work).
+
+        Raises:
+            ClosedError: the loop was stopped (:meth:`stop`); ``what`` names the call.
         """
         self._posted.append((fn, caller_context()))  # its context carries the caller's device streams
         if running_loop_or_none() is None and self._caller_runs and self._running_here.acquire(False):
@@ -368,6 +375,9 @@ class LoopThread:
             self._release()
         else:
             self._add_demand()  # the daemon keeps the loop until fn has run
+        if self.loop.is_closed():
+            self._posted.pop()
+            raise _stopped(what)
         self.loop.call_soon_threadsafe(self._run_posted)
 
     def _run_posted(self) -> None:
@@ -459,6 +469,11 @@ class LoopThread:
         self._interrupted = signum  # a second signal does not wait
         self._driver.cancel()
         return True
+
+
+def _stopped(what: str) -> ClosedError:
+    return ClosedError(f"{what} was called after asyncdist's event loop was stopped: every process group "
+                       "on it was shut down (destroy_process_group())")
 
 
 async def _invoke(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:

@@ -63,8 +63,8 @@ def started(portal: LoopThread, what: str, start: Callable[[], Work], outputs: l
     if event is None:
         if run_now is not None:
             return TorchWork.ran(portal, run_now, what, outputs)
-        return TorchWork.post(portal, start, outputs)
-    return ProfiledWork(outputs, portal, event).post_start(start)
+        return TorchWork.post(portal, start, outputs, what)
+    return ProfiledWork(outputs, portal, event).post_start(start, what)
 
 
 class ProfiledWork(TorchWork):

@@ -100,15 +100,16 @@ class TorchWork(tdist.Work):
         self._work: Work | None = work  # bound already: no other thread knows of this TorchWork yet
 
     @classmethod
-    def post(cls, portal: LoopThread, start: Callable[[], Work], outputs: list) -> TorchWork:
+    def post(cls, portal: LoopThread, start: Callable[[], Work], outputs: list, what: str) -> TorchWork:
         """Start ``start()`` (which makes the operation's Work, on the loop) without
         waiting for the loop (:meth:`LoopThread.post`), and return its TorchWork.
 
         Raises:
             Exception: the error ``start`` raised, if it ran in this thread
                 (the loop was free); otherwise :meth:`wait` raises it.
+            ClosedError: the loop thread was stopped (``what`` names the call).
         """
-        return cls(None, outputs, portal).post_start(start)
+        return cls(None, outputs, portal).post_start(start, what)
 
     @classmethod
     def ran(cls, portal: LoopThread, operation: Callable[[], Coroutine[Any, Any, Any]], op: str,
@@ -130,7 +131,7 @@ class TorchWork(tdist.Work):
         # A done future, made here: nothing of it ever runs on the loop.
         return cls(Work(completed_future(portal.loop, value), op, outputs), outputs)
 
-    def post_start(self, start: Callable[[], Work]) -> TorchWork:
+    def post_start(self, start: Callable[[], Work], what: str) -> TorchWork:
         """:meth:`post` for a TorchWork made without its Work (``work=None``): bind
         it to the Work ``start()`` makes once the loop runs it; return ``self``."""
         assert self._portal is not None and self._work is None, "post_start: a TorchWork with a portal, not started"
@@ -144,7 +145,7 @@ class TorchWork(tdist.Work):
             self._bind(work)
             return work
 
-        self._portal.post(begin)
+        self._portal.post(begin, what)
         error = self._start_error
         if error is not None:
             raise error

@@ -102,3 +102,16 @@ def test_a_shutdown_refused_on_the_loop_thread_leaves_the_group_open_until_shut_
     group.shutdown()  # from this thread: closed now, once
     group.shutdown()
     assert closed == [True]
+
+
+def test_an_operation_after_the_last_group_shut_down_raises_closed_error() -> None:
+    from asyncdist.errors import ClosedError
+    from asyncdist.torch_backend.backend import create_group
+
+    group = create_group(dist.HashStore(), 0, 1, timedelta(seconds=30), group_name="gone", store_prefix="gone")
+    group.shutdown()  # the last group: its loop thread stops with it
+    sync, async_ = dist.AllreduceOptions(), dist.AllreduceOptions()
+    sync.asyncOp, async_.asyncOp = False, True
+    for opts in (sync, async_):
+        with pytest.raises(ClosedError, match="all_reduce was called after .* shut down"):
+            group.allreduce([torch.arange(3.0)], opts).wait()
