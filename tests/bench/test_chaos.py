@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from asyncdist.bench import chaos, chaos_cluster as cluster
+from asyncdist.bench import chaos, chaos_cluster as cluster, chaos_driver
 from asyncdist.bench.chaos_model import Model, apply, grad, matches, references
 
 
@@ -173,8 +173,8 @@ class _SilentCluster:
 
 
 def test_a_kill_never_recovered_from_fails_the_run_instead_of_waiting_forever(monkeypatch):
-    monkeypatch.setattr(chaos, "Cluster", _SilentCluster)
-    monkeypatch.setattr(chaos, "_PATIENCE", 0.5)
+    monkeypatch.setattr(chaos_driver, "Cluster", _SilentCluster)
+    monkeypatch.setattr(chaos_driver, "_PATIENCE", 0.5)
     opts = chaos.Options(ranks=2, duration=0.1, rounds=1, interval=0.05, kills=1, settle=True, baseline=0)
     with pytest.raises(RuntimeError, match=r"the kill of slot \d not recovered from, 0.5 s after the run's end"):
         chaos.run_path("torchft-asyncdist", opts, faults=True, duration=opts.duration)
