@@ -64,7 +64,7 @@ from typing import Mapping
 from ..errors import StoreError, StoreTimeoutError
 from ..rendezvous.init_method import store_address
 from ..rendezvous.tcp_store import TCPStore
-from ..rendezvous.waiting import FIRST_REPORT_SECONDS, duration, report_every
+from ..rendezvous.waiting import FIRST_REPORT_SECONDS, duration, report_every, until_listening
 from ..rendezvous.torch_store import (
     AGENT_STORE_KIND_ENV, TorchStore, listen_on, torch_store_client, torch_store_server,
 )
@@ -80,7 +80,6 @@ JOIN_TIMEOUT = timedelta(seconds=300)
 STORE_PORT_KEY = "asyncdist-run/asyncdist_store_port"
 #: Set in asyncdist's store by node 0 once torch's store is fresh for attempt N (``.../N``).
 ATTEMPT_READY_KEY = "asyncdist-run/torch_store_ready"
-_PROBE_FIRST, _PROBE_MAX = 0.002, 1.0  # seconds between probes of node 0's port (as init_method._reach)
 
 
 class LaunchError(Exception):
@@ -295,23 +294,19 @@ def _wait_for_listener(host: str, port: int, timeout: float) -> None:
     deadline = start + timeout
     every = report_every()
     report_at = start + min(FIRST_REPORT_SECONDS, every) if every else float("inf")
-    delay = _PROBE_FIRST
-    while True:
-        remaining = deadline - time.monotonic()
-        try:
-            socket.create_connection((host, port), timeout=max(0.1, min(remaining, 5.0))).close()
-            return
-        except OSError as exc:
-            if remaining <= 0:
-                raise LaunchError(f"cannot reach node 0's store at {host}:{port} within {timeout:g} s: {exc}") from exc
-            now = time.monotonic()
-            if now >= report_at:  # never a silent wait: see asyncdist.rendezvous.waiting
-                report_at = now + every
-                print(f"asyncdist-run: waiting for node 0's store at {host}:{port}: {exc}; retrying "
-                      f"({duration(now - start)} so far; timeout in {duration(deadline - now)})",
-                      file=sys.stderr, flush=True)
-        time.sleep(min(delay, max(remaining, 0)))  # polling for node 0, as asyncdist's own client does
-        delay = min(delay * 2, _PROBE_MAX)
+
+    def refused(now: float, exc: OSError) -> None:
+        nonlocal report_at
+        if now >= report_at:  # never a silent wait: see asyncdist.rendezvous.waiting
+            report_at = now + every
+            print(f"asyncdist-run: waiting for node 0's store at {host}:{port}: {exc}; retrying "
+                  f"({duration(now - start)} so far; timeout in {duration(deadline - now)})",
+                  file=sys.stderr, flush=True)
+
+    try:
+        until_listening(host, port, deadline, refused)  # polling for node 0, as asyncdist's own client does
+    except OSError as exc:
+        raise LaunchError(f"cannot reach node 0's store at {host}:{port} within {timeout:g} s: {exc}") from exc
 
 
 def _published_port(cfg: LaunchConfig) -> int:

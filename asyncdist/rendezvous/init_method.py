@@ -38,7 +38,7 @@ from .environments import LAUNCHER_HINT, AttemptStore, placement
 from .local_key import local_key, local_key_path
 from .store import Store
 from .tcp_store import TCPStore
-from .waiting import WaitReports
+from .waiting import WaitReports, until_listening
 from .torch_store import AGENT_STORE_KIND_ENV, agent_store_is_torchs, torch_store_client
 
 __all__ = ["Plan", "resolve", "HOST_ENV", "AGENT_STORE_ENV", "STORE_ADDR_ENV", "store_address", "parse_store_address"]
@@ -54,13 +54,6 @@ _ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 logger = logging.getLogger("asyncdist.store")
 
 
-# The probe of an unreachable store retries after 2 ms, doubling up to 1 s: a
-# rank that starts a moment before rank 0's store listens (ranks started
-# together, or a destroy_process_group then init_process_group on one port)
-# waits about as long as it was early, not a first 50 ms; a refused probe of
-# this host costs some 50 us, and a store that stays away is probed once a
-# second after the first 2 s.
-_PROBE_FIRST_SECONDS, _PROBE_MAX_SECONDS = 0.002, 1.0
 # How long a process with an impossible rank tries to reach the store to tell
 # the other ranks, before it raises its error all the same.
 _REFUSAL_CONNECT_SECONDS = 3.0
@@ -198,22 +191,18 @@ def _reach(host: str, port: int, rank: int, world_size: int, timeout: float, who
     start = time.monotonic()
     deadline = start + timeout
     reports = WaitReports(rank, world_size, f"tcp://{store_address(host, port)}", start, deadline, who=who)
-    delay = _PROBE_FIRST_SECONDS
-    while True:
-        now = time.monotonic()
-        try:
-            socket.create_connection((host, port), timeout=max(min(deadline - now, 5.0), 0.01)).close()
-            return max(deadline - time.monotonic(), 0.01)
-        except OSError as exc:
-            now = time.monotonic()
-            if now >= deadline:
-                where = store_address(host, port)
-                raise RendezvousError(f"{who}: cannot use the store at {where}: TCPStore: could not connect "
-                                      f"to the store at {where} within {timeout:g} s: {exc}{hint}") from exc
-            if reports.due(now):
-                reports.report_unreachable(now, exc)
-            time.sleep(min(delay, deadline - now))  # blocking: resolve() runs off the loop
-            delay = min(delay * 2, _PROBE_MAX_SECONDS)
+
+    def refused(now: float, exc: OSError) -> None:
+        if reports.due(now):
+            reports.report_unreachable(now, exc)
+
+    try:
+        until_listening(host, port, deadline, refused)  # blocking: resolve() runs off the loop
+    except OSError as exc:
+        where = store_address(host, port)
+        raise RendezvousError(f"{who}: cannot use the store at {where}: TCPStore: could not connect "
+                              f"to the store at {where} within {timeout:g} s: {exc}{hint}") from exc
+    return max(deadline - time.monotonic(), 0.01)
 
 
 def _is_loopback(host: str) -> bool:

@@ -28,12 +28,14 @@ and owns no clock (the caller passes ``time.monotonic()`` readings).
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+import socket
+import time
+from typing import Callable, Mapping
 
 from .. import settings
 
 __all__ = ["WaitReports", "REPORT_EVERY_ENV", "FIRST_REPORT_SECONDS", "duration", "report_every", "ranks_text",
-           "ranks_named"]
+           "ranks_named", "until_listening"]
 
 log = logging.getLogger("asyncdist.rendezvous")
 
@@ -133,3 +135,33 @@ def ranks_text(ranks: list[int], shown: int = 16) -> str:
     if len(ranks) <= shown:
         return str(ranks)
     return f"[{', '.join(map(str, ranks[:shown]))}, ... and {len(ranks) - shown} more]"
+
+
+# A refused probe is probed again after 2 ms, doubling up to 1 s: a rank that
+# starts a moment before the store listens (ranks started together, or a
+# destroy_process_group then init_process_group on one port) waits about as
+# long as it was early, not a first 50 ms; a refused probe of this host costs
+# some 50 us, and a store that stays away is probed once a second after 2 s.
+_PROBE_FIRST_SECONDS, _PROBE_MAX_SECONDS = 0.002, 1.0
+
+
+def until_listening(host: str, port: int, deadline: float, refused: Callable[[float, OSError], None]) -> None:
+    """Return once ``host:port`` accepts a TCP connection (blocking), probing it
+    again and again; ``refused(now, error)`` hears of each refusal before the
+    next probe (to report the wait), ``deadline`` is ``time.monotonic()``'s.
+
+    Raises:
+        OSError: the last refusal, once ``deadline`` has passed.
+    """
+    delay = _PROBE_FIRST_SECONDS
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(min(deadline - time.monotonic(), 5.0), 0.01)).close()
+            return
+        except OSError as exc:
+            now = time.monotonic()
+            if now >= deadline:
+                raise
+            refused(now, exc)
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, _PROBE_MAX_SECONDS)
