@@ -21,13 +21,13 @@ the group is killed when the call ends, so whatever a rank started goes too.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import multiprocessing
 import os
 import pickle
 import queue
 import secrets
 import signal
+import sys
 import time
 import traceback
 import uuid
@@ -42,9 +42,9 @@ from .injector import RankKilled, install, installed, note_plan
 __all__ = ["spawn", "RemoteTraceback"]
 
 # The forkserver is started once and forks each rank from a clean process
-# that has already imported these: a rank starts in milliseconds instead of
-# re-importing torch (2.7 s here), and no thread of the parent is forked.
-_PRELOAD = ["asyncdist", "numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+# that has already imported these: a rank starts in milliseconds, and no
+# thread of the parent is forked.
+_PRELOAD = ["asyncdist", "numpy"]
 
 
 class RemoteTraceback(Exception):
@@ -54,9 +54,17 @@ class RemoteTraceback(Exception):
         return self.args[0]
 
 
+def _preload() -> list[str]:
+    """What the forkserver imports before it forks a rank: asyncdist and NumPy,
+    and torch where this process has imported it. Then the ranks' code most
+    likely uses torch too, and each rank would otherwise import it again
+    (3 s of CPU here); a process that has not needs none of it."""
+    return _PRELOAD + (["torch"] if "torch" in sys.modules else [])
+
+
 def _context() -> multiprocessing.context.ForkServerContext:
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    ctx.set_forkserver_preload(_preload())
     return ctx
 
 
