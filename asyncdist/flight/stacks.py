@@ -27,11 +27,12 @@ words::
 
 Plain functions, no state; capture runs on the loop thread, on failure and
 hang paths only (a few milliseconds: one walk of each stack, source lines
-read once and cached by :mod:`linecache`).
+read once and cached by :mod:`linecache`, each file's origin decided once).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import linecache
 import os
@@ -58,8 +59,12 @@ _LIBRARIES = tuple(
 )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=4096)
 def origin(filename: str) -> str:
-    """Whose code ``filename`` is: ``"user"``, ``"asyncdist"`` or ``"library"``."""
+    """Whose code ``filename`` is: ``"user"``, ``"asyncdist"`` or ``"library"``.
+
+    Remembered per file name: resolving a path costs a system call per
+    component, and a capture asks for every frame of every thread."""
     if filename.startswith("<"):  # <frozen runpy> is the library's; <string>, <stdin> the user's
         return LIBRARY if filename.startswith("<frozen") else USER
     path = os.path.realpath(filename)
