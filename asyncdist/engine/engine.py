@@ -28,6 +28,7 @@ import logging
 import socket
 from typing import Callable, Iterable, Mapping
 
+from . import closing
 from .abort import abort_frame, error_from_abort
 from .connecting import Arrivals, wait_for_peers
 from .deadlines import Deadlines
@@ -51,12 +52,6 @@ from ..wire.frames import DEFAULT_MAX_PAYLOAD_BYTES, FrameDecoder, Header
 __all__ = ["Engine"]
 
 log = logging.getLogger("asyncdist.engine.engine")
-
-# How long close() waits for queued frames to reach the kernel.
-_CLOSE_DRAIN_SECONDS = 10.0
-# How long close() then waits for every peer to have read its goodbye (a live
-# peer's loop reads it within milliseconds; a stopped one is not waited for longer).
-_CLOSE_LINGER_SECONDS = 5.0
 
 
 class Engine:
@@ -385,24 +380,9 @@ class Engine:
         if (gone := self._peers_gone) is not None and not self._connections and not gone.done():
             gone.set_result(None)
 
-    async def _linger(self) -> None:
-        """Wait, bounded, until every peer has read this rank's goodbye.
-
-        A peer closes its end once it has read the BYE. Until then what it
-        sends here (an announcement of a call this rank has finished) is read
-        and dropped: a socket closed with unread data is reset, and a reset
-        destroys what the peer had not read yet, this rank's last messages
-        and its BYE among them (a broadcast's root that leaves first).
-        """
-        if not self._connections:
-            return
-        self._peers_gone = asyncio.get_running_loop().create_future()
-        for connection in self._connections.values():
-            connection.shutdown_write()
-        await asyncio.wait((self._peers_gone,), timeout=_CLOSE_LINGER_SECONDS)  # those left are closed then
-
     async def close(self) -> None:
-        """Say goodbye to every peer, flush what was sent, close every socket.
+        """Say goodbye to every peer, flush what was sent, wait (bounded) until
+        each has read the goodbye (:mod:`.closing`), close every socket.
 
         Receives still waiting fail with :class:`ClosedError`.
         """
@@ -417,19 +397,10 @@ class Engine:
         if self._rings is not None:
             self._rings.stop()
         bye = control.encode_control(control.Bye(self.rank, self.farewell_signal))
-        drains = []
-        for connection in list(self._connections.values()):  # a failed write loses its peer
-            try:
-                connection.send_frame(bye, None)
-            except PeerLostError:
-                continue
-            drains.append(connection.drain())
-        if drains:
-            drained = asyncio.gather(*drains, return_exceptions=True)
-            if not (await asyncio.wait((drained,), timeout=_CLOSE_DRAIN_SECONDS))[0]:
-                drained.cancel()
-                log.warning("rank %d: peers did not take the last frames within %g s", self.rank, _CLOSE_DRAIN_SECONDS)
-        await self._linger()
+        await closing.flush_goodbye(self.rank, self._connections.values(), bye)
+        if self._connections:
+            self._peers_gone = asyncio.get_running_loop().create_future()
+            await closing.linger(self._connections.values(), self._peers_gone)
         await self.flight.close()
         for rank in list(self._connections):
             self._peer_lost(rank, PeerLostError(f"rank {self.rank} closed its connection to rank {rank}", rank))
