@@ -315,7 +315,7 @@ class Engine:
         """Whether payloads to (``sending``) or from ``rank`` go by memory reads (not once it is gone)."""
         if (connection := self._connections.get(rank)) is None:
             return False
-        return connection.peer_reads_me if sending else connection.peer_memory is not None
+        return connection.peer_reads_me if sending else connection.by_memory.peer_memory is not None
 
     def same_host(self, rank: int) -> bool:
         """Whether ``rank`` is linked to this one by shared memory (a ring, or memory reads)."""
@@ -346,7 +346,7 @@ class Engine:
         elif isinstance(frame, control.Done):
             connection = self._connections.get(rank)
             if connection is not None:  # else: it came after the peer's goodbye, in the same read
-                connection.remote_done()
+                connection.by_memory.done()
         elif isinstance(frame, (control.Revoke, control.Agree, control.Expel)):
             self.faults.frame(rank, frame)
         elif isinstance(frame, (control.Where, control.Here)):

@@ -331,6 +331,6 @@ class PeerInbox:
         target = self._mailbox.route(self.rank, header)
         if isinstance(target, PostedRecv) and target.fold is not None:
             self.current = target
-            connection.fold_remote(target.fold, header.nbytes, header.addr)
+            connection.by_memory.fold(target.fold, header.nbytes, header.addr)
         else:
-            connection.take_remote(self._destination(target, header.nbytes), header.addr)
+            connection.by_memory.take(self._destination(target, header.nbytes), header.addr)

@@ -13,10 +13,9 @@ be told from "the bytes are queued". Here a send's future resolves when its
 last byte is in the kernel, the moment torch's ``send`` may return.
 
 A peer on the same host that can read this process's memory (:mod:`.cma`)
-is sent large payloads by address (:meth:`Connection.send_message`): it
-copies them out and answers with a DONE frame, which completes the send.
-DONEs come back in the order the payloads were sent, so a queue pairs them
-with their sends. Frames to a peer on the same host go through a
+is sent large payloads by address (:meth:`Connection.send_message`,
+:mod:`.by_memory`): it copies them out and answers with a DONE frame, which
+completes the send. Frames to a peer on the same host go through a
 shared-memory ring instead of the socket once both agree
 (:meth:`Connection.use_rings`, :mod:`.shm_link`).
 
@@ -38,21 +37,17 @@ import logging
 import socket
 import struct
 from collections import deque
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 from ..errors import PeerLostError, ProtocolError
 from ..wire.control import ControlFrame, Done, encode_control
-from ..wire.frames import FrameDecoder, FrameSink, Header, Kind, encode_header
+from ..wire.frames import FrameDecoder, FrameSink, Header, encode_header
 from ..wire.handshake import PeerMemoryReader
 from . import cma, injection
+from .by_memory import ByMemory, Fold
 from .shm_link import ShmLink, ShmPoller
 
 __all__ = ["Connection", "Fold"]
-
-#: ``fold(piece, offset)``: combine ``piece`` (uint8) into a receive's buffer at
-#: byte ``offset``. The reduction comes from above (:func:`asyncdist.reduce.kernels.folder`);
-#: the transport only hands it the bytes as they are read.
-Fold = Callable[[Any, int], None]
 
 log = logging.getLogger("asyncdist.transport")
 
@@ -97,6 +92,8 @@ class Connection:
     Attributes:
         last_received, last_sent: loop time of the last bytes read from the
             peer and of the last frame queued for it (for the heartbeat).
+        by_memory: the payloads sent to the peer by address and read from it
+            (:class:`~asyncdist.transport.by_memory.ByMemory`).
     """
 
     def __init__(
@@ -119,11 +116,9 @@ class Connection:
         self._on_lost = on_lost
         self._writes: deque[_PendingWrite] = deque()
         self._writer_armed = False
-        self._awaiting_done: deque[tuple[asyncio.Future, memoryview]] = deque()
-        self.peer_memory = peer_memory
+        self.by_memory = ByMemory(peer, peer_memory, self.send_frame, encode_control(Done(me)))
         self.peer_reads_me = peer_reads_me
         self._by_memory_from = cma.min_bytes()
-        self._done_frame = encode_control(Done(me))
         self._me = me
         self.rings: ShmLink | None = None  # the shared-memory rings, once offered (use_rings)
         self.closed = False
@@ -190,7 +185,7 @@ class Connection:
         frames go to ``sink``; write to the one it offers if ``accept`` (:mod:`.shm_link`)."""
         decoder = FrameDecoder(sink, max_payload=self._decoder.max_payload) if capacity else None
         self.rings = ShmLink(self.peer, self._me, decoder, poller, capacity, accept,
-                              self._send_on_socket, self._broken, self._heard, self._awaiting_done)
+                              self._send_on_socket, self._broken, self._heard, self.by_memory.awaiting_done)
         self.rings.offer()
 
     def _heard(self) -> None:
@@ -199,57 +194,19 @@ class Connection:
     @property
     def shares_memory(self) -> bool:
         """Whether frames go through a ring either way, or payloads are read from the peer."""
-        return self.peer_memory is not None or (self.rings is not None and (self.rings.writing or self.rings.reading))
+        return self.by_memory.peer_memory is not None or (self.rings is not None and (self.rings.writing or self.rings.reading))
 
     def send_message(self, header: Header, payload: memoryview | None) -> asyncio.Future | None:
         """Send one message: a large payload by address if the peer can read this
         process's memory, else inline. Returns and raises as :meth:`send_frame`
         (whose two lines it repeats: every message passes here)."""
         if payload is not None and payload.nbytes >= self._by_memory_from and self.peer_reads_me:
-            remote = header._replace(kind=Kind.REMOTE, addr=cma.address_of(payload))
-            return self.send_remote(encode_header(remote), payload)
+            return self.by_memory.send(self._loop, header, payload)
         self.last_sent = self._loop.time()
         rings = self.rings
         if rings is not None and rings.writing:
             return rings.write(encode_header(header), payload)
         return self._send_on_socket(encode_header(header), payload)
-
-    def send_remote(self, header: bytes, payload: memoryview) -> asyncio.Future:
-        """Send a ``Kind.REMOTE`` header whose payload the peer reads from our memory;
-        the future resolves when it has (DONE). Raises PeerLostError if closed."""
-        self.send_frame(header, None)  # its write completing means nothing yet
-        future = self._loop.create_future()
-        self._awaiting_done.append((future, payload))  # keeps the payload alive
-        return future
-
-    def remote_done(self) -> None:
-        """The peer read the oldest payload sent by address.
-
-        Raises:
-            ProtocolError: no payload was waiting for it.
-        """
-        if not self._awaiting_done:
-            raise ProtocolError(f"rank {self.peer} acknowledged a payload that was never sent by memory")
-        future, _ = self._awaiting_done.popleft()
-        if not future.done():
-            future.set_result(None)
-
-    def take_remote(self, dest: memoryview, addr: int) -> None:
-        """Copy a REMOTE payload from the peer's memory at ``addr`` into ``dest``,
-        and tell the peer with a DONE frame that it may reuse it. Raises
-        ProtocolError if the peer's memory cannot be read (the connection is dropped)."""
-        cma.read_payload(self.peer_memory, self.peer, dest, addr)
-        self.send_frame(self._done_frame, None)
-
-    def fold_remote(self, fold: Fold, nbytes: int, addr: int) -> None:
-        """Like :meth:`take_remote`, for a receive that folds its message in
-        piece by piece (:func:`~asyncdist.transport.cma.fold_payload`).
-
-        Raises:
-            ProtocolError: as for :meth:`take_remote`.
-        """
-        cma.fold_payload(self.peer_memory, self.peer, fold, nbytes, addr)
-        self.send_frame(self._done_frame, None)
 
     def _write_views(self, views: deque[memoryview]) -> None:
         """Write as much of ``views`` as the kernel takes, dropping what was sent."""
@@ -393,8 +350,8 @@ class Connection:
         every payload sent by memory has been read by the peer."""
         while self._writes and not self.closed:
             await asyncio.shield(self._writes[-1].future)
-        while self._awaiting_done and not self.closed:
-            await asyncio.shield(self._awaiting_done[-1][0])
+        while (awaiting := self.by_memory.awaiting_done) and not self.closed:
+            await asyncio.shield(awaiting[-1][0])
 
     def _shutdown(self, error: PeerLostError) -> None:
         self.closed = True
@@ -402,11 +359,11 @@ class Connection:
         if self._writer_armed:
             self._loop.remove_writer(self._fd)
             self._writer_armed = False
-        for future in [pending.future for pending in self._writes] + [f for f, _ in self._awaiting_done]:
-            if not future.done():
-                future.set_exception(error)
+        for pending in self._writes:
+            if not pending.future.done():
+                pending.future.set_exception(error)
         self._writes.clear()
-        self._awaiting_done.clear()
+        self.by_memory.fail(error)
         if self.rings is not None:
             self.rings.close()
         if self.gate is not None:  # the peer of a cut link sees the end only once it heals

@@ -1,7 +1,7 @@
 """Large payloads between ranks on one host go by memory (cross-memory attach).
 
 Each test names the path it expects, and checks it was taken: the REMOTE
-frames a connection sent, counted by wrapping ``Connection.send_remote``.
+frames a connection sent, counted by wrapping ``ByMemory.send``.
 The inline path (``ASYNCDIST_CMA=0``) must give the same results.
 """
 
@@ -24,6 +24,7 @@ from asyncdist.errors import BufferMismatchError, PeerLostError, ProtocolError
 from asyncdist.reduce.kernels import ReduceOp
 from asyncdist.testing import local_world, spawn
 from asyncdist.transport import cma
+from asyncdist.transport.by_memory import ByMemory
 from asyncdist.transport.stream import Connection
 from asyncdist.wire.frames import FrameDecoder, Header, Kind, encode_header
 
@@ -36,13 +37,13 @@ BIG = 1 << 20  # float32 elements: 4 MiB, far above the 512 KiB threshold
 def remote_sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The payload sizes sent by memory during the test."""
     sizes: list[int] = []
-    original = Connection.send_remote
+    original = ByMemory.send
 
-    def counting(self: Connection, header: bytes, payload: memoryview) -> asyncio.Future:
+    def counting(self: ByMemory, loop: asyncio.AbstractEventLoop, header: Header, payload: memoryview) -> asyncio.Future:
         sizes.append(payload.nbytes)
-        return original(self, header, payload)
+        return original(self, loop, header, payload)
 
-    monkeypatch.setattr(Connection, "send_remote", counting)
+    monkeypatch.setattr(ByMemory, "send", counting)
     return sizes
 
 
@@ -177,7 +178,7 @@ class _Sink:
 
     def frame_received(self, header: Header, payload: memoryview) -> None:
         if header.kind == Kind.DONE:
-            self.connection.remote_done()
+            self.connection.by_memory.done()
 
 
 async def _connection_to_a_raw_socket() -> tuple[Connection, socket.socket, asyncio.Future]:
@@ -190,9 +191,10 @@ async def _connection_to_a_raw_socket() -> tuple[Connection, socket.socket, asyn
 
 async def test_a_send_by_memory_completes_on_done_and_fails_if_the_peer_goes_away() -> None:
     connection, theirs, lost = await _connection_to_a_raw_socket()
-    header = encode_header(Header(Kind.REMOTE, 0, 0, 0, 0, "uint8", (4,), 4, "", addr=1))
-    answered = connection.send_remote(header, memoryview(b"abcd"))
-    unanswered = connection.send_remote(header, memoryview(b"efgh"))
+    header = Header(Kind.DATA, 0, 0, 0, 0, "uint8", (4,), 4, "")
+    loop = asyncio.get_running_loop()
+    answered = connection.by_memory.send(loop, header, memoryview(b"abcd"))
+    unanswered = connection.by_memory.send(loop, header, memoryview(b"efgh"))
     theirs.sendall(encode_header(Header(Kind.DONE, 0, 1, 0, 0, "uint8", (), 0)))
     await answered  # the oldest one
     assert not unanswered.done()
@@ -219,13 +221,13 @@ def _exchange_between_processes(size: int) -> tuple[str, list[int]]:
     import asyncdist as dist
 
     sent_by_memory: list[int] = []
-    original = Connection.send_remote
+    original = ByMemory.send
 
-    def counting(self: Connection, header: bytes, payload: memoryview) -> asyncio.Future:
+    def counting(self: ByMemory, loop: asyncio.AbstractEventLoop, header: Header, payload: memoryview) -> asyncio.Future:
         sent_by_memory.append(payload.nbytes)
-        return original(self, header, payload)
+        return original(self, loop, header, payload)
 
-    Connection.send_remote = counting  # this rank's process only
+    ByMemory.send = counting  # this rank's process only
     dist.init_process_group()
     rank = dist.get_rank()
     mine = np.random.default_rng(rank).standard_normal(size).astype(np.float32)
