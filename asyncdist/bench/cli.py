@@ -61,7 +61,7 @@ import traceback
 from typing import Any, Sequence
 
 from .. import settings
-from ..loop.thread import LOOP_ENV
+from ..loop.choice import LOOP_ENV
 from . import document, floor, mpi, plot, report, scale
 from .cases import CASES, jobs
 from . import fsdp

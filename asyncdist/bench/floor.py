@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import cast
 
-from ..loop.thread import new_event_loop
+from ..loop.choice import new_event_loop
 from ..transport.shm_ring import ShmRing, supported
 
 __all__ = ["Floor", "measure", "ROUND_TRIPS", "REPS", "MESSAGE"]

@@ -233,7 +233,7 @@ async def _await_main(plan: Plan) -> list[Sample]:
 def await_rank(plan: Plan) -> list[Sample]:
     """Rank body: measure every job through the await API, on asyncdist's
     event loop (uvloop unless ``ASYNCDIST_LOOP=asyncio``) in this thread."""
-    from ..loop.thread import new_event_loop
+    from ..loop.choice import new_event_loop
 
     loop = new_event_loop()
     try:

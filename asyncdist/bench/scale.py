@@ -87,7 +87,7 @@ def measure(op: str, nbytes: int, ns: list[int]) -> list[ScaleRow]:
         op: one of :data:`SCALE_OPS`.
         nbytes: the message size (float32 elements, at least one).
     """
-    from ..loop.thread import new_event_loop
+    from ..loop.choice import new_event_loop
 
     loop = new_event_loop()
     try:

@@ -75,14 +75,11 @@ from . import exits as loop_exits
 from ..errors import ClosedError, WrongThreadError
 from ..gpu.callers import caller_context
 from .asyncio_internals import running_loop_or_none
+from .choice import new_event_loop
 from ..transport.spinning import forbid_spinning_here, spin_seconds
 from .turns import Driver
 
-__all__ = ["LoopThread", "new_event_loop", "LOOP_ENV", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX", "POST_GRACE"]
-
-#: "asyncio" or "uvloop": which event loop to use (default: uvloop where a
-#: loop runs in one thread for good, asyncio's for a LoopThread).
-LOOP_ENV = settings.name_of("loop")
+__all__ = ["LoopThread", "CALLER_RUNS_ENV", "IDLE_GRACE", "IDLE_LOOK_MAX", "POST_GRACE"]
 
 #: Set to "0" to hand every blocking call to the loop thread.
 CALLER_RUNS_ENV = settings.name_of("caller_runs_loop")
@@ -97,20 +94,6 @@ IDLE_LOOK_MAX = 0.1
 #: it go (:meth:`LoopThread.post`): time for that caller to come back and wait
 #: for its operation in its own thread, without a hand-over between threads.
 POST_GRACE = 0.0003
-
-
-def new_event_loop(default: str = "uvloop") -> asyncio.AbstractEventLoop:
-    """A new event loop: ``ASYNCDIST_LOOP``'s choice, else ``default``
-    ("uvloop": uvloop's when installed; "asyncio": the standard one)."""
-    choice = settings.refresh().loop or default
-    if choice != "asyncio":
-        try:
-            import uvloop
-        except ImportError:
-            pass
-        else:
-            return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
 
 
 class _Slot:

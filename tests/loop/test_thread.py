@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from asyncdist.loop import choice as loop_choice
 from asyncdist.loop import exits as loop_exits
 from asyncdist.loop import thread as loop_thread
 from asyncdist.errors import WrongThreadError
@@ -278,8 +279,8 @@ def test_stop_cancels_a_blocking_call_another_thread_is_running(no_idle_takeover
 
 
 def test_the_loop_is_asyncio_s_unless_uvloop_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(loop_thread.LOOP_ENV, raising=False)
-    loop: Any = loop_thread.new_event_loop(default="asyncio")
+    monkeypatch.delenv(loop_choice.LOOP_ENV, raising=False)
+    loop: Any = loop_choice.new_event_loop(default="asyncio")
     try:
         assert type(loop).__module__.startswith("asyncio")
     finally:
